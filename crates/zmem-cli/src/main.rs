@@ -1,0 +1,97 @@
+//! The `zmem` command.
+//!
+//! - `zmem bench compress`: codec and batch throughput on real pages.
+//! - `zmem corpus capture --pid PID -o FILE`: capture a process's anonymous
+//!   pages to benchmark on.
+#![forbid(unsafe_code)]
+
+mod bench_compress;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "zmem", version, about = "A compressed-memory tier for Linux, in user space")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Benchmarks (ratios against a baseline measured in the same run).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+    /// Page corpora: capture real pages to benchmark on.
+    Corpus {
+        #[command(subcommand)]
+        what: CorpusCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Compress and decompress MB/s, ratio, and batched/sequential speedup.
+    Compress(bench_compress::Args),
+}
+
+#[derive(Debug, Subcommand)]
+enum CorpusCmd {
+    /// Capture present, private, anonymous pages of a running process
+    /// (through /proc/PID/pagemap and /proc/PID/mem; needs ptrace access).
+    Capture {
+        #[arg(long)]
+        pid: u32,
+        /// Output file; raw concatenated 4 KiB pages (zstd-compressed if it ends in .zst).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Sample at most this many pages, evenly spaced.
+        #[arg(long, default_value_t = 16384)]
+        max_pages: usize,
+    },
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Bench { what: BenchCmd::Compress(args) } => bench_compress::run(&args),
+        Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
+    }
+}
+
+fn capture(pid: u32, output: &PathBuf, max_pages: usize) -> Result<()> {
+    let mut pages = Vec::new();
+    let n = zmem_compress::corpus::capture(pid, max_pages, &mut pages)?;
+    let bytes = if output.extension().is_some_and(|e| e == "zst") {
+        zstd_encode(&pages)?
+    } else {
+        pages
+    };
+    std::fs::write(output, &bytes).with_context(|| format!("write {}", output.display()))?;
+    println!("captured {n} pages ({} MiB) from pid {pid} into {}", n * 4096 >> 20, output.display());
+    Ok(())
+}
+
+fn zstd_encode(data: &[u8]) -> Result<Vec<u8>> {
+    zmem_compress::corpus::zstd_encode(data).context("zstd-compress the capture")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`zmem bench … | head`) is not an error.
+            if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)) {
+                return ExitCode::SUCCESS;
+            }
+            let _ = writeln!(io::stderr(), "zmem: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The multi-engine device: the Intel IAA model, in software.
+//!
+//! `Engines` owns N worker threads ("engines"), each pinned to a core and fed
+//! by its own bounded work queue of descriptors. One descriptor is one item of
+//! a batch. Submitting a batch places its descriptors on the queues, so a
+//! batch of 8 on 2 engines runs as two parallel streams of 4:
+//!
+//! ```text
+//!   submit(batch) ──► wq_mode=global : round-robin over all engines' queues
+//!                 └─► wq_mode=per-cpu: the submitting core's own engine
+//!        │  a full queue is waited on for at most submit_timeout; then the
+//!        │  item runs on the submitting thread (sw_fallback_calls++)
+//!        ▼
+//!   engine k: recv descriptor ─► claim item ─► codec ─► [verify] ─► complete
+//!        ▼
+//!   wait(ticket): spin, then park; past completion_timeout the waiter counts
+//!   completion_timeouts++ and runs every not-yet-started item itself
+//! ```
+//!
+//! Every item has a claim flag, so an item runs exactly once: by an engine, by
+//! the submit-time fallback, or by the waiter after a completion timeout.
+//! All paths use the same codec and settings, so the output bytes do not
+//! depend on which path ran (tested).
+//!
+//! The whole device is safe Rust: descriptors carry an `Arc` of the batch, and
+//! each item sits behind its own (uncontended) mutex.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
+
+use crate::batch::{check_shape, Batch, BatchItem, CtxPool, Factory, ItemError, Op, Ticket, TicketInner};
+use crate::codec::Compressor;
+use crate::{BatchCompressor, CompressError, DecompressError, Error};
+
+/// How a submitting thread's descriptors are mapped onto engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqMode {
+    /// All of a batch goes to the engine of the submitting core (IAA's
+    /// per-CPU work-queue mapping): parallelism comes from many submitters.
+    PerCpu,
+    /// Descriptors are spread round-robin over all engines, so one batch
+    /// runs on all of them at once.
+    Global,
+}
+
+impl std::str::FromStr for WqMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "per-cpu" | "percpu" => Ok(WqMode::PerCpu),
+            "global" => Ok(WqMode::Global),
+            _ => Err(Error::Config(format!("unknown wq_mode {s:?}; valid modes are: per-cpu, global"))),
+        }
+    }
+}
+
+impl std::fmt::Display for WqMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WqMode::PerCpu => "per-cpu",
+            WqMode::Global => "global",
+        })
+    }
+}
+
+/// Settings of the device.
+#[derive(Debug, Clone)]
+pub struct EnginesConfig {
+    /// Number of engines; default: the number of cores.
+    pub engines: usize,
+    /// Descriptors each engine's work queue holds.
+    pub wq_depth: usize,
+    pub wq_mode: WqMode,
+    /// The longest wait for a free descriptor before the software path runs
+    /// the item.
+    pub submit_timeout: Duration,
+    /// How long `wait` waits for engines before running the remaining items
+    /// itself.
+    pub completion_timeout: Duration,
+    /// Decompress every compressed output and compare it with its input.
+    pub verify_compress: bool,
+    /// The most items one call takes (1..=32).
+    pub batch_size: usize,
+    /// Pin engine k to core k mod ncores.
+    pub pin: bool,
+}
+
+impl Default for EnginesConfig {
+    fn default() -> Self {
+        EnginesConfig {
+            engines: thread::available_parallelism().map_or(1, |n| n.get()),
+            wq_depth: 64,
+            wq_mode: WqMode::Global,
+            submit_timeout: Duration::from_micros(100),
+            completion_timeout: Duration::from_millis(50),
+            verify_compress: false,
+            batch_size: crate::batch::DEFAULT_BATCH_SIZE,
+            pin: true,
+        }
+    }
+}
+
+/// Counters of one engine. The software-path counters are charged to the
+/// engine the item was meant for.
+#[derive(Debug, Default)]
+struct Counters {
+    compress_calls: AtomicU64,
+    decompress_calls: AtomicU64,
+    completion_timeouts: AtomicU64,
+    sw_fallback_calls: AtomicU64,
+    poor_outputs: AtomicU64,
+    verify_failures: AtomicU64,
+}
+
+/// A snapshot of one engine's counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    pub compress_calls: u64,
+    pub decompress_calls: u64,
+    pub completion_timeouts: u64,
+    pub sw_fallback_calls: u64,
+    pub poor_outputs: u64,
+    pub verify_failures: u64,
+}
+
+impl EngineStats {
+    /// Field-wise sum, for a device-wide total.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a EngineStats>) -> EngineStats {
+        all.into_iter().fold(EngineStats::default(), |a, s| EngineStats {
+            compress_calls: a.compress_calls + s.compress_calls,
+            decompress_calls: a.decompress_calls + s.decompress_calls,
+            completion_timeouts: a.completion_timeouts + s.completion_timeouts,
+            sw_fallback_calls: a.sw_fallback_calls + s.sw_fallback_calls,
+            poor_outputs: a.poor_outputs + s.poor_outputs,
+            verify_failures: a.verify_failures + s.verify_failures,
+        })
+    }
+}
+
+impl Counters {
+    fn snapshot(&self) -> EngineStats {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EngineStats {
+            compress_calls: r(&self.compress_calls),
+            decompress_calls: r(&self.decompress_calls),
+            completion_timeouts: r(&self.completion_timeouts),
+            sw_fallback_calls: r(&self.sw_fallback_calls),
+            poor_outputs: r(&self.poor_outputs),
+            verify_failures: r(&self.verify_failures),
+        }
+    }
+}
+
+/// A batch in flight: its items, who claimed them, and who waits.
+#[derive(Debug)]
+pub(crate) struct Inflight {
+    op: Op,
+    items: Vec<Mutex<BatchItem>>,
+    /// Set by whoever runs the item; an item runs exactly once.
+    claimed: Vec<AtomicBool>,
+    /// The engine each item was mapped to (for counters).
+    engine_of: Vec<usize>,
+    remaining: AtomicUsize,
+    waiter: Mutex<Option<Thread>>,
+}
+
+impl Inflight {
+    fn claim(&self, i: usize) -> bool {
+        !self.claimed[i].swap(true, Ordering::AcqRel)
+    }
+
+    fn complete_one(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(t) = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+}
+
+/// What one engine (or the software path) does with one claimed item.
+struct Worker<'a> {
+    verify: bool,
+    counters: &'a Counters,
+    scratch: &'a mut Vec<u8>,
+}
+
+impl Worker<'_> {
+    fn run(&mut self, op: Op, item: &mut BatchItem, ctx: &mut dyn Compressor) {
+        match op {
+            Op::Compress => {
+                self.counters.compress_calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Op::Decompress => {
+                self.counters.decompress_calls.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let r = item.run(op, ctx).clone();
+        match (op, r) {
+            (Op::Compress, Err(ItemError::Compress(CompressError::Poor))) => {
+                self.counters.poor_outputs.fetch_add(1, Ordering::Relaxed);
+            }
+            (Op::Compress, Ok(n)) if self.verify => {
+                self.scratch.resize(item.src.len(), 0);
+                let ok = matches!(ctx.decompress(&item.dst[..n], self.scratch), Ok(m)
+                    if m == item.src.len() && self.scratch[..m] == item.src[..]);
+                if !ok {
+                    self.counters.verify_failures.fetch_add(1, Ordering::Relaxed);
+                    item.result = Some(Err(ItemError::Compress(CompressError::VerifyFailed {
+                        codec: crate::codec::static_name(ctx.name()),
+                    })));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+
+struct Shared {
+    counters: Vec<Counters>,
+    cfg: EnginesConfig,
+}
+
+/// N worker engines behind the [`BatchCompressor`] API.
+pub struct Engines {
+    shared: Arc<Shared>,
+    queues: Vec<Sender<(Arc<Inflight>, usize)>>,
+    threads: Vec<JoinHandle<()>>,
+    /// The software path: contexts for the submitting and waiting threads.
+    sw: CtxPool,
+    rr: AtomicUsize,
+    /// Test hook: while set, engines take no descriptors.
+    paused: Arc<AtomicBool>,
+    ncpus: usize,
+}
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engines").field("cfg", &self.shared.cfg).field("codec", &self.sw.name()).finish()
+    }
+}
+
+impl Engines {
+    /// Starts the engines, each with its own codec context from `factory`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for 0 engines, a zero-depth queue, or a batch size
+    /// outside 1..=32.
+    pub fn new(cfg: EnginesConfig, factory: Factory) -> Result<Self, Error> {
+        if cfg.engines == 0 || cfg.engines > 1024 {
+            return Err(Error::Config(format!("engines must be in 1..=1024, got {}", cfg.engines)));
+        }
+        if cfg.wq_depth == 0 {
+            return Err(Error::Config("wq_depth must be at least 1".into()));
+        }
+        if !(1..=crate::batch::MAX_BATCH_SIZE).contains(&cfg.batch_size) {
+            return Err(Error::Config(format!(
+                "batch_size {} is not in 1..={}",
+                cfg.batch_size,
+                crate::batch::MAX_BATCH_SIZE
+            )));
+        }
+        let ncpus = thread::available_parallelism().map_or(1, |n| n.get());
+        let shared = Arc::new(Shared { counters: (0..cfg.engines).map(|_| Counters::default()).collect(), cfg });
+        let paused = Arc::new(AtomicBool::new(false));
+        let mut queues = Vec::new();
+        let mut threads = Vec::new();
+        for k in 0..shared.cfg.engines {
+            let (tx, rx) = crossbeam_channel::bounded(shared.cfg.wq_depth);
+            queues.push(tx);
+            let ctx = factory();
+            let shared = Arc::clone(&shared);
+            let paused = Arc::clone(&paused);
+            let pin = shared.cfg.pin.then_some(k % ncpus);
+            let t = thread::Builder::new()
+                .name(format!("zmem-engine-{k}"))
+                .spawn(move || engine_main(k, rx, ctx, &shared, &paused, pin))
+                .map_err(|e| Error::Config(format!("spawn engine thread: {e}")))?;
+            threads.push(t);
+        }
+        Ok(Engines { shared, queues, threads, sw: CtxPool::new(factory), rr: AtomicUsize::new(0), paused, ncpus })
+    }
+
+    /// Per-engine counters.
+    pub fn stats(&self) -> Vec<EngineStats> {
+        self.shared.counters.iter().map(Counters::snapshot).collect()
+    }
+
+    pub fn config(&self) -> &EnginesConfig {
+        &self.shared.cfg
+    }
+
+    /// Stops (or restarts) engines taking descriptors, as a wedged device
+    /// would. For tests of the timeout and fallback paths.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Release);
+    }
+
+    fn pick(&self, i: usize, local: usize) -> usize {
+        let n = self.queues.len();
+        match self.shared.cfg.wq_mode {
+            WqMode::PerCpu => local % n,
+            WqMode::Global => (self.rr.load(Ordering::Relaxed) + i) % n,
+        }
+    }
+
+    /// Runs one claimed item on the calling thread: the software path.
+    fn run_sw(&self, inf: &Inflight, i: usize) {
+        let counters = &self.shared.counters[inf.engine_of[i]];
+        counters.sw_fallback_calls.fetch_add(1, Ordering::Relaxed);
+        let mut scratch = Vec::new();
+        let mut w = Worker { verify: self.shared.cfg.verify_compress, counters, scratch: &mut scratch };
+        self.sw.with(|ctx| {
+            let mut item = inf.items[i].lock().unwrap_or_else(|e| e.into_inner());
+            w.run(inf.op, &mut item, ctx);
+        });
+        inf.complete_one();
+    }
+
+    fn submit_inner(&self, batch: Batch) -> Result<Arc<Inflight>, Error> {
+        let n = batch.len();
+        if n > self.shared.cfg.batch_size {
+            return Err(Error::BatchTooLarge { got: n, max: self.shared.cfg.batch_size });
+        }
+        let local = match self.shared.cfg.wq_mode {
+            WqMode::PerCpu => current_cpu() % self.ncpus,
+            WqMode::Global => 0,
+        };
+        let engine_of: Vec<usize> = (0..n).map(|i| self.pick(i, local)).collect();
+        if self.shared.cfg.wq_mode == WqMode::Global {
+            self.rr.fetch_add(n, Ordering::Relaxed);
+        }
+        let inf = Arc::new(Inflight {
+            op: batch.op,
+            claimed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            items: batch.items.into_iter().map(Mutex::new).collect(),
+            engine_of,
+            remaining: AtomicUsize::new(n),
+            waiter: Mutex::new(None),
+        });
+        for i in 0..n {
+            let e = inf.engine_of[i];
+            match self.queues[e].send_timeout((Arc::clone(&inf), i), self.shared.cfg.submit_timeout) {
+                Ok(()) => {}
+                Err(SendTimeoutError::Timeout(_)) => {
+                    if inf.claim(i) {
+                        self.run_sw(&inf, i);
+                    }
+                }
+                Err(SendTimeoutError::Disconnected(_)) => return Err(Error::ShutDown),
+            }
+        }
+        Ok(inf)
+    }
+
+    fn wait_inner(&self, inf: Arc<Inflight>) -> Batch {
+        let start = Instant::now();
+        let deadline = start + self.shared.cfg.completion_timeout;
+        // Spin first: a cross-core wake-up costs 20-65 µs on this class of VM,
+        // longer than a batch of lz4 pages takes.
+        let mut spins = 0u32;
+        while !inf.done() && spins < 2000 {
+            std::hint::spin_loop();
+            spins += 1;
+            if spins % 64 == 0 {
+                thread::yield_now();
+            }
+        }
+        if !inf.done() {
+            *inf.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread::current());
+            let mut timed_out = false;
+            while !inf.done() {
+                let now = Instant::now();
+                if !timed_out && now >= deadline {
+                    timed_out = true;
+                    self.shared.counters[inf.engine_of[0]].completion_timeouts.fetch_add(1, Ordering::Relaxed);
+                    for i in 0..inf.items.len() {
+                        if inf.claim(i) {
+                            self.run_sw(&inf, i);
+                        }
+                    }
+                    continue;
+                }
+                if timed_out {
+                    // What is left is running on an engine right now.
+                    thread::park_timeout(Duration::from_millis(1));
+                } else {
+                    thread::park_timeout(deadline - now);
+                }
+            }
+        }
+        // Descriptors of items that a fallback path claimed may still sit in
+        // queues (or in a stalled engine) holding a clone of the Arc, so the
+        // items are moved out through their mutexes, not by unwrapping it.
+        // A late engine finds them claimed and drops the descriptor.
+        Batch {
+            op: inf.op,
+            items: inf.items.iter().map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner()))).collect(),
+        }
+    }
+
+    fn run_sync(&self, op: Op, src: &[&[u8]], dst: &mut [&mut [u8]]) -> Result<Batch, Error> {
+        let mut batch = Batch::new(op);
+        let mut k = 0;
+        batch.refill(op, src.iter().copied(), |_| {
+            k += 1;
+            dst[k - 1].len()
+        });
+        let inf = self.submit_inner(batch)?;
+        let batch = self.wait_inner(inf);
+        for (item, d) in batch.items.iter().zip(dst.iter_mut()) {
+            if let Some(Ok(n)) = item.result {
+                d[..n].copy_from_slice(&item.dst[..n]);
+            }
+        }
+        Ok(batch)
+    }
+}
+
+impl Drop for Engines {
+    fn drop(&mut self) {
+        self.queues.clear();
+        self.paused.store(false, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn current_cpu() -> usize {
+    rustix::thread::sched_getcpu()
+}
+
+fn engine_main(
+    k: usize,
+    rx: Receiver<(Arc<Inflight>, usize)>,
+    mut ctx: Box<dyn Compressor>,
+    shared: &Shared,
+    paused: &AtomicBool,
+    pin: Option<usize>,
+) {
+    if let Some(cpu) = pin {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        // Pinning is an optimisation; an affinity error (a restricted
+        // cpuset) leaves the engine floating, which is still correct.
+        let _ = rustix::thread::sched_setaffinity(None, &set);
+    }
+    let counters = &shared.counters[k];
+    let mut scratch = Vec::new();
+    while let Ok((inf, i)) = rx.recv() {
+        while paused.load(Ordering::Acquire) {
+            thread::sleep(Duration::from_millis(1));
+        }
+        if !inf.claim(i) {
+            continue;
+        }
+        {
+            let mut item = inf.items[i].lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = Worker { verify: shared.cfg.verify_compress, counters, scratch: &mut scratch };
+            w.run(inf.op, &mut item, ctx.as_mut());
+        }
+        inf.complete_one();
+    }
+}
+
+impl BatchCompressor for Engines {
+    fn name(&self) -> String {
+        self.sw.name().to_string()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.shared.cfg.batch_size
+    }
+
+    fn compress_batch(
+        &self,
+        src: &[&[u8]],
+        dst: &mut [&mut [u8]],
+        out: &mut [Result<usize, CompressError>],
+    ) -> Result<(), Error> {
+        check_shape(src.len(), dst.len(), out.len(), self.shared.cfg.batch_size)?;
+        let batch = self.run_sync(Op::Compress, src, dst)?;
+        for (item, o) in batch.items.into_iter().zip(out.iter_mut()) {
+            *o = match item.result {
+                Some(Ok(n)) => Ok(n),
+                Some(Err(ItemError::Compress(e))) => Err(e),
+                Some(Err(ItemError::Decompress(e))) => unreachable!("compress batch gave {e}"),
+                None => unreachable!("a completed batch has every result"),
+            };
+        }
+        Ok(())
+    }
+
+    fn decompress_batch(
+        &self,
+        src: &[&[u8]],
+        dst: &mut [&mut [u8]],
+        out: &mut [Result<usize, DecompressError>],
+    ) -> Result<(), Error> {
+        check_shape(src.len(), dst.len(), out.len(), self.shared.cfg.batch_size)?;
+        let batch = self.run_sync(Op::Decompress, src, dst)?;
+        for (item, o) in batch.items.into_iter().zip(out.iter_mut()) {
+            *o = match item.result {
+                Some(Ok(n)) => Ok(n),
+                Some(Err(ItemError::Decompress(e))) => Err(e),
+                Some(Err(ItemError::Compress(e))) => unreachable!("decompress batch gave {e}"),
+                None => unreachable!("a completed batch has every result"),
+            };
+        }
+        Ok(())
+    }
+
+    fn submit(&self, batch: Batch) -> Result<Ticket, Error> {
+        Ok(Ticket { inner: TicketInner::Inflight(self.submit_inner(batch)?) })
+    }
+
+    fn poll(&self, ticket: &Ticket) -> bool {
+        match &ticket.inner {
+            TicketInner::Ready(_) => true,
+            TicketInner::Inflight(inf) => inf.done(),
+        }
+    }
+
+    fn wait(&self, ticket: Ticket) -> Batch {
+        match ticket.inner {
+            TicketInner::Ready(b) => b,
+            TicketInner::Inflight(inf) => self.wait_inner(inf),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The multi-engine device: same bytes as the sequential path on every route
+//! (engines, submit-time fallback, completion-timeout fallback), verify
+//! catches a corrupting codec, async tickets, and a multi-threaded stress.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_compress::engines::{Engines, EnginesConfig, WqMode};
+use zmem_compress::{
+    Batch, BatchCompressor, CodecSpec, CompressError, Compressor, DecompressError, EngineStats, ItemError,
+    Sequential, PAGE_SIZE,
+};
+
+use crate::util::corpus;
+
+fn spec(s: &str) -> CodecSpec {
+    s.parse().unwrap()
+}
+
+/// Compresses every corpus page through `bc` in batches of its batch size.
+fn compress_all(bc: &dyn BatchCompressor) -> Vec<Result<Vec<u8>, CompressError>> {
+    let pages: Vec<&[u8]> = corpus().pages().collect();
+    let mut all = Vec::new();
+    for chunk in pages.chunks(bc.batch_size()) {
+        let mut outs = vec![vec![0u8; PAGE_SIZE]; chunk.len()];
+        let mut dsts: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        let mut res = vec![Ok(0); chunk.len()];
+        bc.compress_batch(chunk, &mut dsts, &mut res).unwrap();
+        for (o, r) in outs.into_iter().zip(res) {
+            all.push(r.map(|n| o[..n].to_vec()));
+        }
+    }
+    all
+}
+
+fn decompress_all(bc: &dyn BatchCompressor, objs: &[Result<Vec<u8>, CompressError>]) {
+    let idx: Vec<usize> = (0..objs.len()).filter(|&i| objs[i].is_ok()).collect();
+    for chunk in idx.chunks(bc.batch_size()) {
+        let srcs: Vec<&[u8]> = chunk.iter().map(|&i| objs[i].as_ref().unwrap().as_slice()).collect();
+        let mut outs = vec![vec![0u8; PAGE_SIZE]; chunk.len()];
+        let mut dsts: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        let mut res = vec![Ok(0); chunk.len()];
+        bc.decompress_batch(&srcs, &mut dsts, &mut res).unwrap();
+        for ((&i, o), r) in chunk.iter().zip(&outs).zip(res) {
+            assert_eq!(r, Ok(PAGE_SIZE), "page {i}");
+            assert!(o[..] == *corpus().page(i), "page {i} differs after the engine round-trip");
+        }
+    }
+}
+
+fn total(e: &Engines) -> EngineStats {
+    EngineStats::sum(&e.stats())
+}
+
+#[test]
+fn engine_outputs_equal_sequential_outputs() {
+    for name in ["lz4", "zstd:1", "lzo-rle", "deflate:1"] {
+        let want = compress_all(&Sequential::from_spec(spec(name)));
+        for mode in [WqMode::Global, WqMode::PerCpu] {
+            let cfg = EnginesConfig { engines: 2, wq_mode: mode, ..Default::default() };
+            let e = Engines::new(cfg, spec(name).factory()).unwrap();
+            let got = compress_all(&e);
+            assert!(got == want, "{name} {mode}: engine output differs from sequential");
+            decompress_all(&e, &got);
+            let s = total(&e);
+            let poor = want.iter().filter(|r| r.is_err()).count() as u64;
+            assert_eq!(s.compress_calls, corpus().len() as u64, "{name} {mode}");
+            assert_eq!(s.poor_outputs, poor, "{name} {mode}");
+            assert_eq!(s.decompress_calls, corpus().len() as u64 - poor, "{name} {mode}");
+        }
+    }
+}
+
+#[test]
+fn timeout_paths_give_the_same_bytes_as_engines() {
+    let want = compress_all(&Sequential::from_spec(spec("lz4")));
+    let cfg = EnginesConfig {
+        engines: 2,
+        wq_depth: 1,
+        submit_timeout: Duration::ZERO,
+        completion_timeout: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let e = Engines::new(cfg, spec("lz4").factory()).unwrap();
+    e.set_paused(true);
+    let got = compress_all(&e);
+    assert!(got == want, "fallback output differs from the engine path");
+    let s = total(&e);
+    // Every item ran on a software path: at submit (queue full) or in wait
+    // (completion timeout); engines ran none of them.
+    assert_eq!(s.sw_fallback_calls, corpus().len() as u64);
+    assert!(s.completion_timeouts > 0, "{s:?}");
+    e.set_paused(false);
+    decompress_all(&e, &got);
+}
+
+/// lz4 that flips one bit of every output: a broken accelerator.
+struct Corrupting(Box<dyn Compressor>);
+
+impl Compressor for Corrupting {
+    fn name(&self) -> &str {
+        "lz4"
+    }
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CompressError> {
+        let n = self.0.compress(src, dst)?;
+        dst[n / 2] ^= 0x10;
+        Ok(n)
+    }
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
+        self.0.decompress(src, dst)
+    }
+}
+
+#[test]
+fn verify_catches_a_corrupting_codec() {
+    let factory: zmem_compress::Factory = Arc::new(|| Box::new(Corrupting(spec("lz4").build())));
+    for verify in [false, true] {
+        let cfg = EnginesConfig { engines: 2, verify_compress: verify, ..Default::default() };
+        let e = Engines::new(cfg, factory.clone()).unwrap();
+        let got = compress_all(&e);
+        let failed = got.iter().filter(|r| matches!(r, Err(CompressError::VerifyFailed { .. }))).count();
+        let s = total(&e);
+        if verify {
+            let compressible = got.iter().filter(|r| !matches!(r, Err(CompressError::Poor))).count();
+            // A flipped bit can land where lz4 ignores it only by chance;
+            // nearly every page must be caught.
+            assert!(failed as f64 > 0.95 * compressible as f64, "{failed} of {compressible} caught");
+            assert_eq!(s.verify_failures, failed as u64);
+        } else {
+            assert_eq!(failed, 0);
+            assert_eq!(s.verify_failures, 0);
+        }
+    }
+}
+
+#[test]
+fn async_tickets_complete_in_any_order() {
+    let e = Engines::new(EnginesConfig { engines: 2, ..Default::default() }, spec("zstd:1").factory()).unwrap();
+    let pages: Vec<&[u8]> = corpus().pages().take(64).collect();
+    let tickets: Vec<_> = pages.chunks(8).map(|c| e.submit(Batch::compress(c.iter().copied())).unwrap()).collect();
+    let mut seq = spec("zstd:1").build();
+    for (k, t) in tickets.into_iter().enumerate().rev() {
+        while !e.poll(&t) {
+            std::thread::yield_now();
+        }
+        let b = e.wait(t);
+        for (j, item) in b.items.iter().enumerate() {
+            let page = pages[k * 8 + j];
+            let mut want = vec![0u8; PAGE_SIZE];
+            match (item.output().expect("completed"), seq.compress(page, &mut want)) {
+                (Ok(got), Ok(n)) => assert_eq!(got, &want[..n]),
+                (Err(ItemError::Compress(a)), Err(b)) => assert_eq!(*a, b),
+                (a, b) => panic!("page {}: engine {a:?}, sequential {b:?}", k * 8 + j),
+            }
+        }
+    }
+}
+
+#[test]
+fn eight_threads_share_one_device() {
+    for mode in [WqMode::Global, WqMode::PerCpu] {
+        let cfg = EnginesConfig { engines: 2, wq_depth: 4, wq_mode: mode, ..Default::default() };
+        let e = Arc::new(Engines::new(cfg, spec("lz4").factory()).unwrap());
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let e = Arc::clone(&e);
+                s.spawn(move || {
+                    let mut batch = Batch::new(zmem_compress::Op::Compress);
+                    for round in 0..24 {
+                        let first = (t * 97 + round * 8) % (corpus().len() - 8);
+                        let pages: Vec<&[u8]> = (first..first + 8).map(|i| corpus().page(i)).collect();
+                        batch.refill(zmem_compress::Op::Compress, pages.iter().copied(), |s| s.len());
+                        let done = e.wait(e.submit(batch).unwrap());
+                        let objs: Vec<Vec<u8>> =
+                            done.items.iter().filter_map(|i| i.output()?.ok().map(<[u8]>::to_vec)).collect();
+                        let back = e.wait(e.submit(Batch::decompress(objs.iter().map(Vec::as_slice), PAGE_SIZE)).unwrap());
+                        let mut k = 0;
+                        for (i, item) in done.items.iter().enumerate() {
+                            if item.output().unwrap().is_ok() {
+                                assert!(back.items[k].output().unwrap().unwrap() == pages[i], "thread {t} round {round} page {i}");
+                                k += 1;
+                            }
+                        }
+                        batch = done;
+                    }
+                });
+            }
+        });
+        assert_eq!(total(&e).verify_failures, 0);
+    }
+}

@@ -1,0 +1,7 @@
+//! Integration tests of zmem-compress, one binary with modules.
+
+mod bad_input;
+mod codecs;
+mod engines;
+mod fuzz_replay;
+mod util;

@@ -1,0 +1,13 @@
+//! Feeds arbitrary bytes to the zstd decoder: it must return an error or a
+//! page, never panic, and never write past its destination.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use zmem_compress::{CodecSpec, PAGE_SIZE};
+
+fuzz_target!(|data: &[u8]| {
+    let mut c = "zstd".parse::<CodecSpec>().expect("codec name").build();
+    let mut buf = vec![0xA5u8; PAGE_SIZE + 64];
+    let _ = c.decompress_exact(data, &mut buf[..PAGE_SIZE]);
+    assert!(buf[PAGE_SIZE..].iter().all(|&b| b == 0xA5), "decoder wrote past dst");
+});
