@@ -67,6 +67,8 @@ struct Row {
     compress_speedup: f64,
     decompress_speedup: f64,
     sw_fallback_calls: u64,
+    helped_calls: u64,
+    engine_calls: u64,
     verify_failures: u64,
 }
 
@@ -111,12 +113,24 @@ fn rate(secs: f64, mut pass: impl FnMut() -> usize) -> f64 {
 
 /// One pass of compressing every page, `batch` at a time, with up to
 /// `inflight` batches submitted at once.
-fn compress_pass(bc: &dyn BatchCompressor, pages: &[&[u8]], batch: usize, inflight: usize, spare: &mut Vec<Batch>) -> usize {
+fn compress_pass(
+    bc: &dyn BatchCompressor,
+    pages: &[&[u8]],
+    batch: usize,
+    inflight: usize,
+    spare: &mut Vec<Batch>,
+) -> usize {
     run_pass(bc, Op::Compress, pages, batch, inflight, spare, PAGE_SIZE);
     pages.len() * PAGE_SIZE
 }
 
-fn decompress_pass(bc: &dyn BatchCompressor, objs: &[&[u8]], batch: usize, inflight: usize, spare: &mut Vec<Batch>) -> usize {
+fn decompress_pass(
+    bc: &dyn BatchCompressor,
+    objs: &[&[u8]],
+    batch: usize,
+    inflight: usize,
+    spare: &mut Vec<Batch>,
+) -> usize {
     run_pass(bc, Op::Decompress, objs, batch, inflight, spare, PAGE_SIZE);
     objs.len() * PAGE_SIZE
 }
@@ -182,7 +196,13 @@ pub fn run(args: &Args) -> Result<()> {
 
     let mut out = io::stdout().lock();
     if !args.json {
-        writeln!(out, "corpus: {} ({} pages, {} MiB)", corpus.origin(), corpus.len(), corpus.len() * PAGE_SIZE >> 20)?;
+        writeln!(
+            out,
+            "corpus: {} ({} pages, {} MiB)",
+            corpus.origin(),
+            corpus.len(),
+            (corpus.len() * PAGE_SIZE) >> 20
+        )?;
         writeln!(
             out,
             "engines: {engines}, wq_mode: {wq_mode}, inflight: {}, best of {} x {:.2}s; MB/s = 10^6 uncompressed bytes/s",
@@ -201,7 +221,13 @@ pub fn run(args: &Args) -> Result<()> {
         let ratio = (corpus.len() * PAGE_SIZE) as f64 / comp.stored_bytes as f64;
         for &batch in &args.batch {
             let seq = Sequential::new(spec.factory(), batch)?;
-            let cfg = EnginesConfig { engines, wq_mode, batch_size: batch, verify_compress: args.verify, ..Default::default() };
+            let cfg = EnginesConfig {
+                engines,
+                wq_mode,
+                batch_size: batch,
+                verify_compress: args.verify,
+                ..Default::default()
+            };
             let dev = Engines::new(cfg, spec.factory())?;
             let mut spare = Vec::new();
             let (mut sc, mut sd, mut ec, mut ed) = (0f64, 0f64, 0f64, 0f64);
@@ -227,6 +253,8 @@ pub fn run(args: &Args) -> Result<()> {
                 compress_speedup: ec / sc,
                 decompress_speedup: ed / sd,
                 sw_fallback_calls: st.sw_fallback_calls,
+                helped_calls: st.helped_calls,
+                engine_calls: st.compress_calls + st.decompress_calls - st.helped_calls - st.sw_fallback_calls,
                 verify_failures: st.verify_failures,
             };
             if !args.json {

@@ -67,13 +67,9 @@ fn run(cli: Cli) -> Result<()> {
 fn capture(pid: u32, output: &PathBuf, max_pages: usize) -> Result<()> {
     let mut pages = Vec::new();
     let n = zmem_compress::corpus::capture(pid, max_pages, &mut pages)?;
-    let bytes = if output.extension().is_some_and(|e| e == "zst") {
-        zstd_encode(&pages)?
-    } else {
-        pages
-    };
+    let bytes = if output.extension().is_some_and(|e| e == "zst") { zstd_encode(&pages)? } else { pages };
     std::fs::write(output, &bytes).with_context(|| format!("write {}", output.display()))?;
-    println!("captured {n} pages ({} MiB) from pid {pid} into {}", n * 4096 >> 20, output.display());
+    println!("captured {n} pages ({} MiB) from pid {pid} into {}", (n * 4096) >> 20, output.display());
     Ok(())
 }
 
@@ -87,7 +83,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed pipe (`zmem bench … | head`) is not an error.
-            if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)) {
+            if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+            {
                 return ExitCode::SUCCESS;
             }
             let _ = writeln!(io::stderr(), "zmem: {e:#}");

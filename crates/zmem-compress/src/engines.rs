@@ -87,6 +87,13 @@ pub struct EnginesConfig {
     pub batch_size: usize,
     /// Pin engine k to core k mod ncores.
     pub pin: bool,
+    /// While waiting, the waiter runs items that no engine has started yet
+    /// (it is a CPU too). Off, it only spins and sleeps, as a thread waiting
+    /// on a hardware device would.
+    pub help_on_wait: bool,
+    /// How long an idle engine polls its queue before sleeping. A cross-core
+    /// wake-up costs 20-65 µs on this class of VM, more than a batch takes.
+    pub idle_spin: Duration,
 }
 
 impl Default for EnginesConfig {
@@ -100,6 +107,8 @@ impl Default for EnginesConfig {
             verify_compress: false,
             batch_size: crate::batch::DEFAULT_BATCH_SIZE,
             pin: true,
+            help_on_wait: true,
+            idle_spin: Duration::from_micros(50),
         }
     }
 }
@@ -114,6 +123,7 @@ struct Counters {
     sw_fallback_calls: AtomicU64,
     poor_outputs: AtomicU64,
     verify_failures: AtomicU64,
+    helped_calls: AtomicU64,
 }
 
 /// A snapshot of one engine's counters.
@@ -125,6 +135,8 @@ pub struct EngineStats {
     pub sw_fallback_calls: u64,
     pub poor_outputs: u64,
     pub verify_failures: u64,
+    /// Items of this engine's queue that the waiting thread ran itself.
+    pub helped_calls: u64,
 }
 
 impl EngineStats {
@@ -137,6 +149,7 @@ impl EngineStats {
             sw_fallback_calls: a.sw_fallback_calls + s.sw_fallback_calls,
             poor_outputs: a.poor_outputs + s.poor_outputs,
             verify_failures: a.verify_failures + s.verify_failures,
+            helped_calls: a.helped_calls + s.helped_calls,
         })
     }
 }
@@ -151,6 +164,7 @@ impl Counters {
             sw_fallback_calls: r(&self.sw_fallback_calls),
             poor_outputs: r(&self.poor_outputs),
             verify_failures: r(&self.verify_failures),
+            helped_calls: r(&self.helped_calls),
         }
     }
 }
@@ -164,6 +178,9 @@ pub(crate) struct Inflight {
     claimed: Vec<AtomicBool>,
     /// The engine each item was mapped to (for counters).
     engine_of: Vec<usize>,
+    /// Items kept for the submitting core: never queued, run by `poll` or
+    /// `wait`.
+    inline: Vec<bool>,
     remaining: AtomicUsize,
     waiter: Mutex<Option<Thread>>,
 }
@@ -224,6 +241,14 @@ impl Worker<'_> {
     }
 }
 
+/// Why an item runs on the calling thread rather than on an engine.
+#[derive(Debug, Clone, Copy)]
+enum Inline {
+    /// `submit_timeout` or `completion_timeout` expired.
+    Fallback,
+    /// The waiter had nothing better to do (`help_on_wait`).
+    Help,
+}
 
 struct Shared {
     counters: Vec<Counters>,
@@ -313,10 +338,14 @@ impl Engines {
         }
     }
 
-    /// Runs one claimed item on the calling thread: the software path.
-    fn run_sw(&self, inf: &Inflight, i: usize) {
+    /// Runs one claimed item on the calling thread: the software path after
+    /// a timeout, or help while waiting.
+    fn run_sw(&self, inf: &Inflight, i: usize, why: Inline) {
         let counters = &self.shared.counters[inf.engine_of[i]];
-        counters.sw_fallback_calls.fetch_add(1, Ordering::Relaxed);
+        match why {
+            Inline::Fallback => counters.sw_fallback_calls.fetch_add(1, Ordering::Relaxed),
+            Inline::Help => counters.helped_calls.fetch_add(1, Ordering::Relaxed),
+        };
         let mut scratch = Vec::new();
         let mut w = Worker { verify: self.shared.cfg.verify_compress, counters, scratch: &mut scratch };
         self.sw.with(|ctx| {
@@ -339,8 +368,16 @@ impl Engines {
         if self.shared.cfg.wq_mode == WqMode::Global {
             self.rr.fetch_add(n, Ordering::Relaxed);
         }
+        // With help_on_wait in global mode, the share of the engine pinned to
+        // the submitting core is run by the submitter in `wait`: queueing it
+        // would only make two threads take turns on one core.
+        let inline_cpu =
+            (self.shared.cfg.help_on_wait && self.shared.cfg.pin && self.shared.cfg.wq_mode == WqMode::Global)
+                .then(|| current_cpu() % self.ncpus);
+        let inline: Vec<bool> = engine_of.iter().map(|&e| inline_cpu == Some(e % self.ncpus)).collect();
         let inf = Arc::new(Inflight {
             op: batch.op,
+            inline,
             claimed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             items: batch.items.into_iter().map(Mutex::new).collect(),
             engine_of,
@@ -349,11 +386,14 @@ impl Engines {
         });
         for i in 0..n {
             let e = inf.engine_of[i];
+            if inf.inline[i] {
+                continue;
+            }
             match self.queues[e].send_timeout((Arc::clone(&inf), i), self.shared.cfg.submit_timeout) {
                 Ok(()) => {}
                 Err(SendTimeoutError::Timeout(_)) => {
                     if inf.claim(i) {
-                        self.run_sw(&inf, i);
+                        self.run_sw(&inf, i, Inline::Fallback);
                     }
                 }
                 Err(SendTimeoutError::Disconnected(_)) => return Err(Error::ShutDown),
@@ -363,15 +403,26 @@ impl Engines {
     }
 
     fn wait_inner(&self, inf: Arc<Inflight>) -> Batch {
-        let start = Instant::now();
-        let deadline = start + self.shared.cfg.completion_timeout;
-        // Spin first: a cross-core wake-up costs 20-65 µs on this class of VM,
-        // longer than a batch of lz4 pages takes.
+        let deadline = Instant::now() + self.shared.cfg.completion_timeout;
+        if self.shared.cfg.help_on_wait {
+            // Items kept for this core first (never queued), then from the
+            // back, as engines work from the front.
+            for i in (0..inf.items.len()).rev() {
+                if inf.done() {
+                    break;
+                }
+                if inf.claim(i) {
+                    self.run_sw(&inf, i, Inline::Help);
+                }
+            }
+        }
+        // Spin first: what is left is running or about to run on an engine,
+        // and sleeping would cost a cross-core wake-up.
         let mut spins = 0u32;
-        while !inf.done() && spins < 2000 {
+        while !inf.done() && spins < 4000 {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 {
+            if spins % 1024 == 0 {
                 thread::yield_now();
             }
         }
@@ -385,7 +436,7 @@ impl Engines {
                     self.shared.counters[inf.engine_of[0]].completion_timeouts.fetch_add(1, Ordering::Relaxed);
                     for i in 0..inf.items.len() {
                         if inf.claim(i) {
-                            self.run_sw(&inf, i);
+                            self.run_sw(&inf, i, Inline::Fallback);
                         }
                     }
                     continue;
@@ -404,7 +455,11 @@ impl Engines {
         // A late engine finds them claimed and drops the descriptor.
         Batch {
             op: inf.op,
-            items: inf.items.iter().map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner()))).collect(),
+            items: inf
+                .items
+                .iter()
+                .map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner())))
+                .collect(),
         }
     }
 
@@ -457,7 +512,7 @@ fn engine_main(
     }
     let counters = &shared.counters[k];
     let mut scratch = Vec::new();
-    while let Ok((inf, i)) = rx.recv() {
+    while let Some((inf, i)) = next_descriptor(&rx, shared.cfg.idle_spin) {
         while paused.load(Ordering::Acquire) {
             thread::sleep(Duration::from_millis(1));
         }
@@ -471,6 +526,38 @@ fn engine_main(
         }
         inf.complete_one();
     }
+}
+
+/// The next descriptor: polled for `idle_spin`, then waited for asleep.
+/// `None` once the device is dropped.
+fn next_descriptor(rx: &Receiver<(Arc<Inflight>, usize)>, idle_spin: Duration) -> Option<(Arc<Inflight>, usize)> {
+    if let Ok(d) = rx.try_recv() {
+        return Some(d);
+    }
+    if !idle_spin.is_zero() {
+        let start = Instant::now();
+        let mut n = 0u32;
+        loop {
+            std::hint::spin_loop();
+            n += 1;
+            if n % 32 == 0 {
+                match rx.try_recv() {
+                    Ok(d) => return Some(d),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                    Err(crossbeam_channel::TryRecvError::Empty) => {}
+                }
+                if start.elapsed() >= idle_spin {
+                    break;
+                }
+                // Let a submitter on this core run, but rarely: a syscall is
+                // costly on a PVM guest.
+                if n % 2048 == 0 {
+                    thread::yield_now();
+                }
+            }
+        }
+    }
+    rx.recv().ok()
 }
 
 impl BatchCompressor for Engines {
@@ -524,10 +611,20 @@ impl BatchCompressor for Engines {
         Ok(Ticket { inner: TicketInner::Inflight(self.submit_inner(batch)?) })
     }
 
+    /// Also runs the items kept for the submitting core (see
+    /// [`EnginesConfig::help_on_wait`]), so polling alone drives a batch to
+    /// completion.
     fn poll(&self, ticket: &Ticket) -> bool {
         match &ticket.inner {
             TicketInner::Ready(_) => true,
-            TicketInner::Inflight(inf) => inf.done(),
+            TicketInner::Inflight(inf) => {
+                for i in 0..inf.items.len() {
+                    if inf.inline[i] && inf.claim(i) {
+                        self.run_sw(inf, i, Inline::Help);
+                    }
+                }
+                inf.done()
+            }
         }
     }
 

@@ -208,7 +208,9 @@ impl Writer<'_> {
 
 #[inline]
 fn read32(s: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]])
+    // One bounds check instead of four.
+    let b: &[u8; 4] = s[i..i + 4].try_into().unwrap_or(&[0; 4]);
+    u32::from_le_bytes(*b)
 }
 
 #[inline]
@@ -221,8 +223,8 @@ fn hash(v: u32) -> usize {
 fn common(s: &[u8], mut a: usize, mut b: usize) -> usize {
     let start = b;
     while b + 8 <= s.len() {
-        let x = u64::from_le_bytes(s[a..a + 8].try_into().unwrap_or_default());
-        let y = u64::from_le_bytes(s[b..b + 8].try_into().unwrap_or_default());
+        let x = u64::from_le_bytes(*<&[u8; 8]>::try_from(&s[a..a + 8]).unwrap_or(&[0; 8]));
+        let y = u64::from_le_bytes(*<&[u8; 8]>::try_from(&s[b..b + 8]).unwrap_or(&[1; 8]));
         let diff = x ^ y;
         if diff != 0 {
             return b - start + (diff.trailing_zeros() / 8) as usize;
@@ -242,13 +244,7 @@ fn compress(version: Version, table: &mut [u32], base: u32, src: &[u8], out: &mu
     compress_inner(version, table, base as usize, src, out).ok()
 }
 
-fn compress_inner(
-    version: Version,
-    table: &mut [u32],
-    base: usize,
-    src: &[u8],
-    out: &mut [u8],
-) -> Result<usize, Full> {
+fn compress_inner(version: Version, table: &mut [u32], base: usize, src: &[u8], out: &mut [u8]) -> Result<usize, Full> {
     let n = src.len();
     let mut w = Writer { out, pos: 0, s_pos: None };
     if version == Version::Rle {
@@ -427,7 +423,13 @@ pub(crate) fn decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, DecodeErro
             return Err(DecodeError::Overrun);
         }
         let from = op - dist;
-        if dist >= len {
+        if dist >= len && len <= 16 {
+            // Short copies (most M2s) are cheaper by hand than a memmove call.
+            let (head, tail) = dst.split_at_mut(op);
+            for (d, s) in tail[..len].iter_mut().zip(&head[from..from + len]) {
+                *d = *s;
+            }
+        } else if dist >= len {
             dst.copy_within(from..from + len, op);
         } else if dist == 1 {
             let b = dst[from];

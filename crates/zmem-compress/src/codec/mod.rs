@@ -141,9 +141,7 @@ impl CodecSpec {
         match self.kind {
             CodecKind::Lz4 => Box::new(lz4::Lz4::new()),
             CodecKind::Zstd => Box::new(zstd::Zstd::new(self.level.unwrap_or(zstd::DEFAULT_LEVEL))),
-            CodecKind::Deflate => {
-                Box::new(deflate::Deflate::new(self.level.unwrap_or(deflate::DEFAULT_LEVEL)))
-            }
+            CodecKind::Deflate => Box::new(deflate::Deflate::new(self.level.unwrap_or(deflate::DEFAULT_LEVEL))),
             CodecKind::Lzo => Box::new(lzo::Lzo::new(lzo::Version::V0)),
             CodecKind::LzoRle => Box::new(lzo::Lzo::new(lzo::Version::Rle)),
         }
@@ -181,12 +179,8 @@ impl FromStr for CodecSpec {
             (None, Some(l)) => return Err(Error::NoLevel { codec: kind.name(), level: l.to_string() }),
             (Some(_), None) => kind.default_level(),
             (Some((min, max)), Some(l)) => {
-                let level: i32 = l.parse().map_err(|_| Error::BadLevel {
-                    codec: kind.name(),
-                    level: l.to_string(),
-                    min,
-                    max,
-                })?;
+                let level: i32 =
+                    l.parse().map_err(|_| Error::BadLevel { codec: kind.name(), level: l.to_string(), min, max })?;
                 if !(min..=max).contains(&level) {
                     return Err(Error::LevelOutOfRange { codec: kind.name(), level, min, max });
                 }

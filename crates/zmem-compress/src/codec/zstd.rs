@@ -35,11 +35,7 @@ impl Zstd {
     /// parameter; the level was range-checked by [`super::CodecSpec`].
     pub fn new(level: i32) -> Self {
         let mut cctx = bulk::Compressor::new(level).expect("zstd: allocate CCtx");
-        for p in [
-            CParameter::ChecksumFlag(false),
-            CParameter::ContentSizeFlag(false),
-            CParameter::DictIdFlag(false),
-        ] {
+        for p in [CParameter::ChecksumFlag(false), CParameter::ContentSizeFlag(false), CParameter::DictIdFlag(false)] {
             cctx.set_parameter(p).expect("zstd: set frame parameter");
         }
         let dctx = bulk::Decompressor::new().expect("zstd: allocate DCtx");

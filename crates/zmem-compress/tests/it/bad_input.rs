@@ -36,7 +36,9 @@ fn names_roundtrip_and_levels_default() {
 #[test]
 fn batch_larger_than_batch_size_is_refused_untouched() {
     let seq = Sequential::from_spec("lz4".parse().unwrap());
-    let eng = Engines::new(EnginesConfig { engines: 2, ..Default::default() }, "lz4".parse::<CodecSpec>().unwrap().factory()).unwrap();
+    let eng =
+        Engines::new(EnginesConfig { engines: 2, ..Default::default() }, "lz4".parse::<CodecSpec>().unwrap().factory())
+            .unwrap();
     for bc in [&seq as &dyn BatchCompressor, &eng] {
         let n = bc.batch_size() + 1;
         let pages = vec![[7u8; PAGE_SIZE]; n];

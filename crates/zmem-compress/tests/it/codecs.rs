@@ -15,8 +15,7 @@ fn every_corpus_page_roundtrips_with_every_codec() {
             match c.compress(page, &mut out) {
                 Ok(n) => {
                     assert!(n < PAGE_SIZE);
-                    let back = decode_guarded(c.as_mut(), &out[..n])
-                        .unwrap_or_else(|e| panic!("{spec} page {i}: {e}"));
+                    let back = decode_guarded(c.as_mut(), &out[..n]).unwrap_or_else(|e| panic!("{spec} page {i}: {e}"));
                     assert!(back == page, "{spec} page {i} differs after round-trip");
                     stored += n;
                 }

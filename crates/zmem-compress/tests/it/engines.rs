@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use zmem_compress::engines::{Engines, EnginesConfig, WqMode};
 use zmem_compress::{
-    Batch, BatchCompressor, CodecSpec, CompressError, Compressor, DecompressError, EngineStats, ItemError,
-    Sequential, PAGE_SIZE,
+    Batch, BatchCompressor, CodecSpec, CompressError, Compressor, DecompressError, EngineStats, ItemError, Sequential,
+    PAGE_SIZE,
 };
 
 use crate::util::corpus;
@@ -79,6 +79,7 @@ fn timeout_paths_give_the_same_bytes_as_engines() {
         wq_depth: 1,
         submit_timeout: Duration::ZERO,
         completion_timeout: Duration::from_millis(2),
+        help_on_wait: false,
         ..Default::default()
     };
     let e = Engines::new(cfg, spec("lz4").factory()).unwrap();
@@ -173,11 +174,15 @@ fn eight_threads_share_one_device() {
                         let done = e.wait(e.submit(batch).unwrap());
                         let objs: Vec<Vec<u8>> =
                             done.items.iter().filter_map(|i| i.output()?.ok().map(<[u8]>::to_vec)).collect();
-                        let back = e.wait(e.submit(Batch::decompress(objs.iter().map(Vec::as_slice), PAGE_SIZE)).unwrap());
+                        let back =
+                            e.wait(e.submit(Batch::decompress(objs.iter().map(Vec::as_slice), PAGE_SIZE)).unwrap());
                         let mut k = 0;
                         for (i, item) in done.items.iter().enumerate() {
                             if item.output().unwrap().is_ok() {
-                                assert!(back.items[k].output().unwrap().unwrap() == pages[i], "thread {t} round {round} page {i}");
+                                assert!(
+                                    back.items[k].output().unwrap().unwrap() == pages[i],
+                                    "thread {t} round {round} page {i}"
+                                );
                                 k += 1;
                             }
                         }

@@ -1,0 +1,85 @@
+//! The `zmem` binary, run as a user would run it.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zmem")).args(args).output().expect("run zmem");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn bench_compress_json_reports_every_codec_and_batch() {
+    let (ok, out, err) = run(&[
+        "bench",
+        "compress",
+        "--codec",
+        "lz4,zstd:1,lzo-rle",
+        "--batch",
+        "1,8",
+        "--secs",
+        "0.02",
+        "--repeat",
+        "1",
+        "--engines",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    for r in rows {
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!(ratio > 1.5 && ratio < 10.0, "{r}");
+        for k in ["seq_compress_mbps", "seq_decompress_mbps", "eng_compress_mbps", "eng_decompress_mbps"] {
+            assert!(r[k].as_f64().unwrap() > 1.0, "{k} in {r}");
+        }
+        assert_eq!(r["verify_failures"], 0);
+    }
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let (ok, _, err) = run(&["bench", "compress", "--codec", "lz5"]);
+    assert!(!ok);
+    assert!(err.contains("unknown codec") && err.contains("lzo-rle"), "{err}");
+    let (ok, _, err) = run(&["bench", "compress", "--codec", "zstd:40"]);
+    assert!(!ok && err.contains("out of range"), "{err}");
+    let (ok, _, err) = run(&["bench", "compress", "--batch", "64"]);
+    assert!(!ok && err.contains("1..=32"), "{err}");
+    let (ok, _, err) = run(&["bench", "compress", "--wq-mode", "diagonal"]);
+    assert!(!ok && err.contains("per-cpu"), "{err}");
+    let (ok, _, err) = run(&["bench", "compress", "--corpus", "/nonexistent/pages.bin"]);
+    assert!(!ok && err.contains("/nonexistent/pages.bin"), "{err}");
+}
+
+#[test]
+fn corpus_capture_of_a_live_process_feeds_the_bench() {
+    // Capture this test process: the child zmem runs as the same user, and
+    // CI runs as root, so it has ptrace rights over us.
+    let dir = std::env::temp_dir().join(format!("zmem-cli-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("self.bin.zst");
+    let heap: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+    let pid = std::process::id().to_string();
+    let (ok, out, err) = run(&["corpus", "capture", "--pid", &pid, "-o", file.to_str().unwrap(), "--max-pages", "512"]);
+    std::hint::black_box(&heap);
+    assert!(ok, "capture failed: {err}");
+    assert!(out.contains("captured"), "{out}");
+    let (ok, _, err) = run(&[
+        "bench",
+        "compress",
+        "--corpus",
+        file.to_str().unwrap(),
+        "--codec",
+        "lz4",
+        "--batch",
+        "8",
+        "--secs",
+        "0.01",
+        "--repeat",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
