@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_compress;
+mod bench_zsmalloc;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -39,6 +40,8 @@ enum Cmd {
 enum BenchCmd {
     /// Compress and decompress MB/s, ratio, and batched/sequential speedup.
     Compress(bench_compress::Args),
+    /// Pool overhead and malloc/free throughput of the zsmalloc-style pool.
+    Zsmalloc(bench_zsmalloc::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +63,7 @@ enum CorpusCmd {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Bench { what: BenchCmd::Compress(args) } => bench_compress::run(&args),
+        Cmd::Bench { what: BenchCmd::Zsmalloc(args) } => bench_zsmalloc::run(&args),
         Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
     }
 }

@@ -83,3 +83,22 @@ fn corpus_capture_of_a_live_process_feeds_the_bench() {
     assert!(ok, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_zsmalloc_meets_its_overhead_goals() {
+    let (ok, out, err) = run(&["bench", "zsmalloc", "--objects", "65536", "--chain", "8", "--repeat", "1", "--json"]);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    for r in rows.as_array().unwrap() {
+        let steady = r["steady_ratio"].as_f64().unwrap();
+        let compact = r["after_compact_ratio"].as_f64().unwrap();
+        let after_free = r["after_free_ratio"].as_f64().unwrap();
+        // The goals: <= 1.05 steady, <= 1.10 after free + compact.
+        assert!((1.0..=1.05).contains(&steady), "{r}");
+        assert!(compact <= 1.10 && compact < after_free, "{r}");
+        assert!(r["compact_pages_freed"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["zs_mops"].as_f64().unwrap() > 0.0);
+    }
+    let (ok, _, err) = run(&["bench", "zsmalloc", "--chain", "17"]);
+    assert!(!ok && err.contains("1..=16"), "{err}");
+}
