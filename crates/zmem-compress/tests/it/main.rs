@@ -4,4 +4,5 @@ mod bad_input;
 mod codecs;
 mod engines;
 mod fuzz_replay;
+mod liblzo2;
 mod util;
