@@ -1,0 +1,340 @@
+//! zmem's swap file: where the tier writes back compressed pages that went
+//! cold, as zswap writes back to the swap device.
+//!
+//! - [`slot`]: the slot allocator (next fit, so batches are contiguous).
+//! - Writes are batched: a batch of pages becomes one `pwritev` per run of
+//!   neighbouring slots. Pages are staged in bounce pages from the mempool's
+//!   bulk allocator, then checksummed and encrypted there.
+//! - [`crypt`]: AES-256-XTS with a per-file random key that never touches
+//!   disk; the tweak is the slot number (the dm-crypt role). Off with
+//!   `encrypt: false`, for benchmarking.
+//! - A CRC32 of every slot's plaintext is kept in memory and checked on every
+//!   read, so a corrupt slot is an error, never wrong bytes.
+//! - The file is created with `O_TMPFILE` (or unlinked right after creation)
+//!   with mode 0600: it has no name, and it vanishes with the process.
+//!
+//! Writeback stores raw (decompressed) pages, as the kernel does: a slot is a
+//! page, a load from the file needs no codec, and slot arithmetic stays
+//! trivial. Packing compressed objects into slots (zram's
+//! `compressed_writeback`) would cut file I/O by the compression ratio
+//! (~2-3x on heap pages) at the cost of a sub-page allocator and a
+//! decompression on every swap-in; see ARCHITECTURE.md.
+#![forbid(unsafe_code)]
+
+pub mod crypt;
+pub mod slot;
+
+use std::fs::File;
+use std::io::IoSlice;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+use zmem_zsmalloc::{Mempool, Page, PAGE_SIZE};
+
+pub use crypt::Crypt;
+pub use slot::{Slot, SlotMap};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SwapError {
+    #[error("swap file in {dir}: {source}")]
+    Create { dir: PathBuf, source: std::io::Error },
+    #[error("swap file is full: {max_bytes} bytes in use")]
+    NoSpace { max_bytes: u64 },
+    #[error("swap file {op} at slot {slot}: {source}")]
+    Io { op: &'static str, slot: Slot, source: std::io::Error },
+    #[error("slot {slot} failed its checksum: the swap file is corrupt")]
+    Corrupt { slot: Slot },
+    #[error("slot {slot} is not in use")]
+    NotInUse { slot: Slot },
+    #[error("no bounce pages could be allocated for writeback")]
+    BounceAlloc,
+    #[error("random key: {0}")]
+    Key(getrandom::Error),
+    #[error("a page must be {PAGE_SIZE} bytes, got {len}")]
+    BadPage { len: usize },
+}
+
+/// Settings of a swap file.
+#[derive(Debug, Clone)]
+pub struct SwapFileConfig {
+    /// Directory to create the (nameless) file in.
+    pub dir: PathBuf,
+    /// AES-XTS encryption of every slot.
+    pub encrypt: bool,
+    /// The largest the file may grow.
+    pub max_bytes: u64,
+}
+
+impl Default for SwapFileConfig {
+    fn default() -> Self {
+        SwapFileConfig { dir: std::env::temp_dir(), encrypt: true, max_bytes: 64 << 30 }
+    }
+}
+
+/// Counters of the swap file.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SwapStats {
+    pub slots_in_use: u64,
+    pub file_bytes: u64,
+    pub pages_written: u64,
+    pub write_calls: u64,
+    pub pages_read: u64,
+    pub checksum_failures: u64,
+}
+
+#[derive(Debug)]
+struct Slots {
+    map: SlotMap,
+    /// CRC32 of each slot's plaintext, by slot number.
+    sums: Vec<u32>,
+}
+
+/// A swap file of 4 KiB slots.
+#[derive(Debug)]
+pub struct SwapFile {
+    file: File,
+    slots: Mutex<Slots>,
+    crypt: Option<Crypt>,
+    mempool: Arc<Mempool>,
+    max_bytes: u64,
+    pages_written: AtomicU64,
+    write_calls: AtomicU64,
+    pages_read: AtomicU64,
+    checksum_failures: AtomicU64,
+}
+
+fn create_file(dir: &Path) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let mode = Mode::from_raw_mode(0o600);
+    match rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode) {
+        Ok(fd) => Ok(File::from(fd)),
+        // A filesystem without O_TMPFILE: create a unique name and unlink it.
+        Err(e)
+            if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::ISDIR || e == rustix::io::Errno::INVAL =>
+        {
+            let name = dir.join(format!(".zmem-swap-{}-{:x}", std::process::id(), rand_u64()));
+            let fd = rustix::fs::open(&name, OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC, mode)?;
+            std::fs::remove_file(&name)?;
+            Ok(File::from(fd))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::getrandom(&mut b);
+    u64::from_le_bytes(b)
+}
+
+impl SwapFile {
+    /// Creates a nameless swap file in `cfg.dir`.
+    ///
+    /// # Errors
+    /// [`SwapError::Create`] if the directory does not take the file;
+    /// [`SwapError::Key`] if no random key can be had.
+    pub fn create(cfg: &SwapFileConfig, mempool: Arc<Mempool>) -> Result<SwapFile, SwapError> {
+        let file = create_file(&cfg.dir).map_err(|source| SwapError::Create { dir: cfg.dir.clone(), source })?;
+        let crypt = if cfg.encrypt { Some(Crypt::random().map_err(SwapError::Key)?) } else { None };
+        let max_slots = (cfg.max_bytes / PAGE_SIZE as u64).min(u64::from(u32::MAX)) as u32;
+        Ok(SwapFile {
+            file,
+            slots: Mutex::new(Slots { map: SlotMap::new(max_slots), sums: Vec::new() }),
+            crypt,
+            mempool,
+            max_bytes: cfg.max_bytes,
+            pages_written: AtomicU64::new(0),
+            write_calls: AtomicU64::new(0),
+            pages_read: AtomicU64::new(0),
+            checksum_failures: AtomicU64::new(0),
+        })
+    }
+
+    pub fn encrypted(&self) -> bool {
+        self.crypt.is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `pages` to fresh slots and returns them, in order. All or
+    /// nothing: on any error every slot of the batch is freed again.
+    ///
+    /// # Errors
+    /// [`SwapError::NoSpace`] at `max_bytes`; [`SwapError::Io`] for a failed
+    /// `pwritev` (ENOSPC, EIO: the caller keeps its pages);
+    /// [`SwapError::BounceAlloc`]; [`SwapError::BadPage`].
+    pub fn write_batch(&self, pages: &[&[u8]]) -> Result<Vec<Slot>, SwapError> {
+        if let Some(p) = pages.iter().find(|p| p.len() != PAGE_SIZE) {
+            return Err(SwapError::BadPage { len: p.len() });
+        }
+        let slots = self.lock().map.alloc(pages.len());
+        if slots.len() < pages.len() {
+            self.free_all(&slots);
+            return Err(SwapError::NoSpace { max_bytes: self.max_bytes });
+        }
+        match self.write_slots(pages, &slots) {
+            Ok(sums) => {
+                let mut g = self.lock();
+                for (&s, sum) in slots.iter().zip(sums) {
+                    if g.sums.len() <= s as usize {
+                        g.sums.resize(s as usize + 1, 0);
+                    }
+                    g.sums[s as usize] = sum;
+                }
+                Ok(slots)
+            }
+            Err(e) => {
+                self.free_all(&slots);
+                Err(e)
+            }
+        }
+    }
+
+    fn free_all(&self, slots: &[Slot]) {
+        let mut g = self.lock();
+        for &s in slots {
+            g.map.free(s);
+        }
+    }
+
+    /// Stages, checksums, encrypts and writes `pages` to `slots`.
+    fn write_slots(&self, pages: &[&[u8]], slots: &[Slot]) -> Result<Vec<u32>, SwapError> {
+        let bulk = self.mempool.alloc_pages_bulk_array(pages.len());
+        if bulk.pages.is_empty() {
+            return Err(SwapError::BounceAlloc);
+        }
+        // With fewer bounce pages than asked (a partial bulk allocation),
+        // the batch goes out in chunks of what we got.
+        let mut bounce: Vec<Page> = bulk.pages;
+        let mut sums = Vec::with_capacity(pages.len());
+        let mut result = Ok(());
+        for (chunk, chunk_slots) in pages.chunks(bounce.len()).zip(slots.chunks(bounce.len())) {
+            for ((src, b), &slot) in chunk.iter().zip(bounce.iter_mut()).zip(chunk_slots) {
+                let buf = b.as_mut_slice();
+                buf.copy_from_slice(src);
+                sums.push(crc32fast::hash(buf));
+                if let Some(c) = &self.crypt {
+                    c.encrypt(slot, buf);
+                }
+            }
+            // One pwritev per run of consecutive slots.
+            let mut i = 0;
+            while i < chunk.len() {
+                let mut j = i + 1;
+                while j < chunk.len() && chunk_slots[j] == chunk_slots[j - 1] + 1 {
+                    j += 1;
+                }
+                let iov: Vec<IoSlice<'_>> = bounce[i..j].iter().map(|p| IoSlice::new(p.as_slice())).collect();
+                if let Err(e) = self.pwritev_all(iov, chunk_slots[i]) {
+                    result = Err(e);
+                    break;
+                }
+                i = j;
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        self.mempool.free_pages(bounce);
+        result.map(|()| {
+            self.pages_written.fetch_add(pages.len() as u64, Ordering::Relaxed);
+            sums
+        })
+    }
+
+    fn pwritev_all(&self, mut iov: Vec<IoSlice<'_>>, slot: Slot) -> Result<(), SwapError> {
+        let mut off = u64::from(slot) * PAGE_SIZE as u64;
+        let mut bufs = &mut iov[..];
+        while !bufs.is_empty() {
+            self.write_calls.fetch_add(1, Ordering::Relaxed);
+            match rustix::io::pwritev(&self.file, bufs, off) {
+                Ok(0) => {
+                    let source = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                    return Err(SwapError::Io { op: "pwritev", slot, source });
+                }
+                Ok(n) => {
+                    off += n as u64;
+                    IoSlice::advance_slices(&mut bufs, n);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(SwapError::Io { op: "pwritev", slot, source: e.into() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads slot `slot` into `dst` (one page), decrypting and checking it.
+    ///
+    /// # Errors
+    /// [`SwapError::NotInUse`]; [`SwapError::Io`]; [`SwapError::Corrupt`]
+    /// when the checksum fails (`dst` then holds garbage, never passed off
+    /// as the page).
+    pub fn read(&self, slot: Slot, dst: &mut [u8]) -> Result<(), SwapError> {
+        if dst.len() != PAGE_SIZE {
+            return Err(SwapError::BadPage { len: dst.len() });
+        }
+        let want = {
+            let g = self.lock();
+            if !g.map.in_use(slot) {
+                return Err(SwapError::NotInUse { slot });
+            }
+            g.sums.get(slot as usize).copied().unwrap_or(0)
+        };
+        self.file.read_exact_at(dst, u64::from(slot) * PAGE_SIZE as u64).map_err(|source| SwapError::Io {
+            op: "pread",
+            slot,
+            source,
+        })?;
+        if let Some(c) = &self.crypt {
+            c.decrypt(slot, dst);
+        }
+        self.pages_read.fetch_add(1, Ordering::Relaxed);
+        if crc32fast::hash(dst) != want {
+            self.checksum_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(SwapError::Corrupt { slot });
+        }
+        Ok(())
+    }
+
+    /// Frees `slot`.
+    ///
+    /// # Errors
+    /// [`SwapError::NotInUse`] for a slot that is not in use.
+    pub fn free(&self, slot: Slot) -> Result<(), SwapError> {
+        if self.lock().map.free(slot) {
+            Ok(())
+        } else {
+            Err(SwapError::NotInUse { slot })
+        }
+    }
+
+    pub fn stats(&self) -> SwapStats {
+        let g = self.lock();
+        SwapStats {
+            slots_in_use: u64::from(g.map.inuse()),
+            file_bytes: u64::from(g.map.nr_slots()) * PAGE_SIZE as u64,
+            pages_written: self.pages_written.load(Ordering::Relaxed),
+            write_calls: self.write_calls.load(Ordering::Relaxed),
+            pages_read: self.pages_read.load(Ordering::Relaxed),
+            checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes of in-memory bookkeeping (the checksum table and slot bitmap).
+    pub fn metadata_bytes(&self) -> usize {
+        let g = self.lock();
+        g.sums.capacity() * 4 + (g.map.nr_slots() as usize).div_ceil(8)
+    }
+
+    /// The file itself, for fault-injection tests and the fuzz target.
+    #[doc(hidden)]
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
