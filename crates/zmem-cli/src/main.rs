@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_compress;
+mod bench_tier;
 mod bench_zsmalloc;
 
 use std::io::{self, Write};
@@ -42,6 +43,8 @@ enum BenchCmd {
     Compress(bench_compress::Args),
     /// Pool overhead and malloc/free throughput of the zsmalloc-style pool.
     Zsmalloc(bench_zsmalloc::Args),
+    /// Store and load MB/s through the tier, with writeback off and on, and writeback MB/s.
+    Tier(bench_tier::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,6 +67,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Bench { what: BenchCmd::Compress(args) } => bench_compress::run(&args),
         Cmd::Bench { what: BenchCmd::Zsmalloc(args) } => bench_zsmalloc::run(&args),
+        Cmd::Bench { what: BenchCmd::Tier(args) } => bench_tier::run(&args),
         Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
     }
 }

@@ -102,3 +102,18 @@ fn bench_zsmalloc_meets_its_overhead_goals() {
     let (ok, _, err) = run(&["bench", "zsmalloc", "--chain", "17"]);
     assert!(!ok && err.contains("1..=16"), "{err}");
 }
+
+#[test]
+fn bench_tier_verifies_and_reports_both_modes() {
+    let (ok, out, err) = run(&["bench", "tier", "--mib", "16", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    for k in ["store_mbps_wb_off", "load_mbps_wb_off", "store_mbps_wb_on", "load_mbps_wb_on", "writeback_mbps_plain"] {
+        assert!(r[k].as_f64().unwrap() > 1.0, "{k} in {r}");
+    }
+    assert!(r["written_back_pages"].as_u64().unwrap() > 0, "{r}");
+    let overhead = r["pool_overhead"].as_f64().unwrap();
+    assert!((1.0..1.2).contains(&overhead), "{r}");
+    let (ok, _, err) = run(&["bench", "tier", "--compressor", "lz9"]);
+    assert!(!ok && err.contains("unknown codec"), "{err}");
+}

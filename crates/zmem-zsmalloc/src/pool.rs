@@ -262,12 +262,30 @@ pub struct ZsPool {
     mempool: Arc<Mempool>,
     /// Pages held by zspages (pool_total_size / PAGE_SIZE).
     pages: AtomicUsize,
+    /// The same count, summed with other pools of a group (the tier's
+    /// pools), updated only when a zspage comes or goes.
+    group_pages: Arc<AtomicUsize>,
 }
 
 impl ZsPool {
     /// # Errors
     /// [`ZsError::Config`] for a chain size outside 1..=16.
     pub fn new(cfg: ZsPoolConfig, mempool: Arc<Mempool>) -> Result<ZsPool, ZsError> {
+        Self::new_in_group(cfg, mempool, Arc::new(AtomicUsize::new(0)))
+    }
+
+    /// A pool whose zspage pages are also counted in `group_pages`, so that
+    /// the total of several pools is one load ([`group_total_size`]).
+    ///
+    /// # Errors
+    /// As [`ZsPool::new`].
+    ///
+    /// [`group_total_size`]: Self::group_total_size
+    pub fn new_in_group(
+        cfg: ZsPoolConfig,
+        mempool: Arc<Mempool>,
+        group_pages: Arc<AtomicUsize>,
+    ) -> Result<ZsPool, ZsError> {
         if !(1..=MAX_CHAIN_SIZE).contains(&cfg.chain_size) {
             return Err(ZsError::Config(format!("chain_size {} is not in 1..={MAX_CHAIN_SIZE}", cfg.chain_size)));
         }
@@ -280,7 +298,7 @@ impl ZsPool {
                 SizeClass { shape, inner: Mutex::new(ClassInner::default()) }
             })
             .collect();
-        Ok(ZsPool { table, classes, handles: HandleTable::new(), mempool, pages: AtomicUsize::new(0) })
+        Ok(ZsPool { table, classes, handles: HandleTable::new(), mempool, pages: AtomicUsize::new(0), group_pages })
     }
 
     pub fn mempool(&self) -> &Arc<Mempool> {
@@ -334,6 +352,7 @@ impl ZsPool {
                     return Err(ZsError::TooManyObjects);
                 };
                 self.pages.fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
+                self.group_pages.fetch_add(shape.pages_per_zspage, Ordering::Relaxed);
                 // Another thread may have made room meanwhile; the new
                 // zspage is used either way (as zs_malloc does).
                 id
@@ -421,6 +440,7 @@ impl ZsPool {
         drop(g);
         if let Some(pages) = freed {
             self.pages.fetch_sub(pages.len(), Ordering::Relaxed);
+            self.group_pages.fetch_sub(pages.len(), Ordering::Relaxed);
             self.mempool.free_pages(pages);
         }
         Ok(())
@@ -491,6 +511,11 @@ impl ZsPool {
     /// Bytes held by zspages: the kernel's `pool_total_size`.
     pub fn pool_total_size(&self) -> usize {
         self.pages.load(Ordering::Relaxed) * PAGE_SIZE
+    }
+
+    /// Bytes held by zspages of every pool in this pool's group.
+    pub fn group_total_size(&self) -> usize {
+        self.group_pages.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
     /// Bytes of the pool's own bookkeeping (handle table, per-slot metadata,
@@ -602,6 +627,7 @@ impl ZsPool {
             if let Some(pages) = pages {
                 freed += pages.len();
                 self.pages.fetch_sub(pages.len(), Ordering::Relaxed);
+                self.group_pages.fetch_sub(pages.len(), Ordering::Relaxed);
                 self.mempool.free_pages(pages);
             }
         }

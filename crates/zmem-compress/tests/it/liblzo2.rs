@@ -34,10 +34,10 @@ fn liblzo2_and_zmem_lzo_read_each_other() {
     let objs = dir.join("lzo2.objs");
     assert!(Command::new(&exe).arg("c").arg(&pages).arg(&objs).status().unwrap().success());
     let data = std::fs::read(&objs).unwrap();
-    let (mut at, mut i, mut theirs) = (0, 0, 0usize);
+    let mut theirs = 0usize;
     for spec in ["lzo", "lzo-rle"] {
         let mut c = spec.parse::<CodecSpec>().unwrap().build();
-        (at, i) = (0, 0);
+        let (mut at, mut i) = (0, 0);
         while at < data.len() {
             let len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
             let obj = &data[at + 4..at + 4 + len];

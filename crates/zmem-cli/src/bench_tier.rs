@@ -1,0 +1,230 @@
+//! `zmem bench tier`: the corpus through the tier.
+//!
+//! - writeback off, the pool big enough for everything: store and load MB/s;
+//! - writeback on, the pool limited to `--pool-percent` of the data: store
+//!   MB/s (the shrinker runs inline) and load MB/s (part from the file);
+//! - `pool_total_size` against the sum of the objects' compressed sizes;
+//! - writeback MB/s of the whole pool, encrypted and not.
+//!
+//! MB/s counts uncompressed bytes (10^6). Every loaded page is compared with
+//! what was stored.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Result};
+use serde::Serialize;
+use zmem_compress::corpus::Corpus;
+use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_swapfile::SwapFileConfig;
+use zmem_tier::{LoadOutcome, StoreOutcome, Tier, TierConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Raw or .zst page file; default: the embedded sample.
+    #[arg(long)]
+    corpus: Option<PathBuf>,
+    #[arg(long, default_value = "lz4")]
+    compressor: String,
+    /// MiB of pages to store (the corpus repeats).
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Pages per store call (the folio).
+    #[arg(long, default_value_t = 16)]
+    folio: usize,
+    /// Pool limit with writeback on, in percent of the data's compressed size.
+    #[arg(long, default_value_t = 50)]
+    pool_percent: usize,
+    /// Directory for the swap file.
+    #[arg(long)]
+    swapfile: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    compressor: String,
+    mib: usize,
+    folio_pages: usize,
+    store_mbps_wb_off: f64,
+    load_mbps_wb_off: f64,
+    /// Pages of folios rejected with writeback off (a page did not compress).
+    rejected_pages_wb_off: usize,
+    store_mbps_wb_on: f64,
+    load_mbps_wb_on: f64,
+    written_back_pages: u64,
+    pool_total_size: u64,
+    compressed_bytes: u64,
+    pool_overhead: f64,
+    writeback_mbps_encrypted: f64,
+    writeback_mbps_plain: f64,
+}
+
+fn mbps(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e6
+}
+
+struct Data {
+    pages: Vec<u8>,
+}
+
+impl Data {
+    fn page(&self, i: usize) -> &[u8] {
+        &self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+    }
+    fn n(&self) -> usize {
+        self.pages.len() / PAGE_SIZE
+    }
+}
+
+/// Stores every folio; returns the seconds taken and which pages were
+/// rejected (with writeback off, a folio holding an incompressible page is).
+fn store_all(t: &Tier, d: &Data, folio: usize, may_reject: bool) -> Result<(f64, Vec<bool>)> {
+    let mut rejected = vec![false; d.n()];
+    let start = Instant::now();
+    for (f, chunk) in d.pages.chunks(folio * PAGE_SIZE).enumerate() {
+        match t.store((f * folio) as u64, chunk)? {
+            StoreOutcome::Stored { .. } => {}
+            StoreOutcome::Rejected(r) => {
+                ensure!(may_reject, "store of folio {f} was rejected: {r:?}");
+                rejected[f * folio..f * folio + chunk.len() / PAGE_SIZE].fill(true);
+            }
+        }
+    }
+    Ok((start.elapsed().as_secs_f64(), rejected))
+}
+
+/// Loads every stored page and checks it; returns seconds and bytes loaded.
+fn load_all(t: &Tier, d: &Data, rejected: &[bool]) -> Result<(f64, usize)> {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut n = 0;
+    let start = Instant::now();
+    for (i, &was_rejected) in rejected.iter().enumerate() {
+        let out = t.load(i as u64, &mut buf)?;
+        if was_rejected {
+            ensure!(out == LoadOutcome::NotFound, "rejected page {i} was found");
+            continue;
+        }
+        ensure!(out == LoadOutcome::Loaded, "page {i} missing");
+        ensure!(buf == d.page(i), "page {i} came back different");
+        n += PAGE_SIZE;
+    }
+    Ok((start.elapsed().as_secs_f64(), n))
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let spec: CodecSpec = args.compressor.parse()?;
+    if args.mib == 0 || !(1..=512).contains(&args.folio) || !(1..=100).contains(&args.pool_percent) {
+        bail!("--mib must be at least 1, --folio in 1..=512, --pool-percent in 1..=100");
+    }
+    let corpus = Corpus::sample_or(args.corpus.as_deref())?;
+    let n = (args.mib << 20) / PAGE_SIZE;
+    let pages: Vec<u8> = (0..n).flat_map(|i| corpus.page(i % corpus.len()).iter().copied()).collect();
+    let d = Data { pages };
+    let bytes = d.pages.len();
+    let dir = args.swapfile.clone().unwrap_or_else(std::env::temp_dir);
+    let base = TierConfig { compressor: spec, max_pool_bytes: Some(bytes * 2), ..TierConfig::default() };
+
+    // Writeback off.
+    let t = Tier::new(TierConfig { writeback: false, swap: None, ..base.clone() })?;
+    let (s_off, rej_off) = store_all(&t, &d, args.folio, true)?;
+    let rejected_pages = rej_off.iter().filter(|&&r| r).count();
+    let st = t.stats();
+    let compressed: u64 = {
+        let mut c = spec.build();
+        let mut out = vec![0u8; PAGE_SIZE];
+        (0..d.n())
+            .filter(|&i| !rej_off[i] && !is_same_filled(d.page(i)))
+            .map(|i| c.compress(d.page(i), &mut out).unwrap_or(PAGE_SIZE) as u64)
+            .sum()
+    };
+    let (l_off, l_off_bytes) = load_all(&t, &d, &rej_off)?;
+    drop(t);
+
+    // Writeback on, pool limited.
+    let limit = (compressed as usize * args.pool_percent / 100).max(1 << 20);
+    let t = Tier::new(TierConfig {
+        max_pool_bytes: Some(limit),
+        swap: Some(SwapFileConfig { dir: dir.clone(), encrypt: true, ..SwapFileConfig::default() }),
+        ..base.clone()
+    })?;
+    let (s_on, _) = store_all(&t, &d, args.folio, false)?;
+    let wb = t.stats().written_back_pages;
+    let (l_on, _) = load_all(&t, &d, &vec![false; d.n()])?;
+    drop(t);
+
+    // Writeback speed: fill an unlimited pool, then write all of it back.
+    let mut wb_rates = [0f64; 2];
+    for (k, encrypt) in [true, false].into_iter().enumerate() {
+        let t = Tier::new(TierConfig {
+            swap: Some(SwapFileConfig { dir: dir.clone(), encrypt, ..SwapFileConfig::default() }),
+            ..base.clone()
+        })?;
+        store_all(&t, &d, args.folio, false)?;
+        let start = Instant::now();
+        let went = t.writeback(d.n());
+        wb_rates[k] = mbps(went * PAGE_SIZE, start.elapsed().as_secs_f64());
+    }
+
+    let r = Report {
+        compressor: spec.to_string(),
+        mib: args.mib,
+        folio_pages: args.folio,
+        store_mbps_wb_off: mbps(bytes, s_off),
+        load_mbps_wb_off: mbps(l_off_bytes, l_off),
+        rejected_pages_wb_off: rejected_pages,
+        store_mbps_wb_on: mbps(bytes, s_on),
+        load_mbps_wb_on: mbps(bytes, l_on),
+        written_back_pages: wb,
+        pool_total_size: st.pool_total_size,
+        compressed_bytes: compressed,
+        pool_overhead: st.pool_total_size as f64 / compressed as f64,
+        writeback_mbps_encrypted: wb_rates[0],
+        writeback_mbps_plain: wb_rates[1],
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &r)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "corpus: {}; {} MiB through the tier with {}, {}-page folios",
+        corpus.origin(),
+        r.mib,
+        r.compressor,
+        r.folio_pages
+    )?;
+    writeln!(
+        out,
+        "writeback off : store {:>7.0} MB/s   load {:>7.0} MB/s   ({} pages rejected: incompressible)",
+        r.store_mbps_wb_off, r.load_mbps_wb_off, r.rejected_pages_wb_off
+    )?;
+    writeln!(
+        out,
+        "writeback on  : store {:>7.0} MB/s   load {:>7.0} MB/s   (pool limit {}% of compressed, {} pages written back)",
+        r.store_mbps_wb_on, r.load_mbps_wb_on, args.pool_percent, r.written_back_pages
+    )?;
+    writeln!(
+        out,
+        "pool_total_size {} MiB / compressed {} MiB = {:.3}",
+        r.pool_total_size >> 20,
+        r.compressed_bytes >> 20,
+        r.pool_overhead
+    )?;
+    writeln!(
+        out,
+        "writeback     : {:>7.0} MB/s encrypted (AES-XTS), {:>7.0} MB/s plain ({:.2}x)",
+        r.writeback_mbps_encrypted,
+        r.writeback_mbps_plain,
+        r.writeback_mbps_encrypted / r.writeback_mbps_plain
+    )?;
+    Ok(())
+}
+
+fn is_same_filled(p: &[u8]) -> bool {
+    p.chunks_exact(8).all(|w| w == &p[..8])
+}

@@ -1,0 +1,42 @@
+//! `Entry`: what the tier keeps for one stored page (`struct zswap_entry`).
+
+use zmem_swapfile::Slot;
+use zmem_zsmalloc::Handle;
+
+/// Where an entry's page is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Every 8-byte word of the page equals this value (zero pages too); no
+    /// pool memory is used.
+    SameFilled(u64),
+    /// A compressed object of `len` bytes in the entry's pool, or the raw
+    /// page when `len == PAGE_SIZE` (an incompressible page, kept only when
+    /// writeback is possible).
+    Pool { handle: Handle, len: u32 },
+    /// Written back: a slot of the swap file.
+    Swap { slot: Slot },
+}
+
+/// One stored page.
+///
+/// - `id`: unique per store. Writeback and LRU items name an entry by
+///   `(key, id)`, and re-check the id after re-taking the tree lock, so an
+///   entry that was invalidated, loaded or stored again meanwhile is never
+///   mistaken for the one they picked.
+/// - `pool`: the id of the pool whose compressor and zs pool hold the object
+///   (meaningful for [`Stored::Pool`] only).
+/// - `referenced`: set on store and on a non-exclusive load; the shrinker
+///   clears it and gives the entry a second trip round the LRU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub id: u64,
+    pub pool: u32,
+    pub stored: Stored,
+    pub referenced: bool,
+}
+
+impl Entry {
+    pub fn in_pool(&self) -> bool {
+        matches!(self.stored, Stored::Pool { .. })
+    }
+}

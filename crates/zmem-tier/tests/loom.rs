@@ -1,0 +1,119 @@
+//! Loom model of the store / invalidate / writeback race, on the tier's own
+//! `Tree` and `Shard` code: writeback picks an entry under the shard lock,
+//! writes with no lock held, and commits only if the entry is still the one
+//! it picked. Whatever the interleaving, the old object is freed exactly
+//! once, the swap slot is either referenced by the final entry or freed
+//! exactly once, and the shard holds the pool only while an entry needs it.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p zmem-tier --test loom --release`.
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use zmem_tier::entry::{Entry, Stored};
+use zmem_tier::tree::Tree;
+use zmem_zsmalloc::Handle;
+
+const KEY: u64 = 42;
+const SLOT: u32 = 5;
+
+#[derive(Debug, Default)]
+struct Freed {
+    old_obj: AtomicUsize,
+    new_obj: AtomicUsize,
+    slot: AtomicUsize,
+}
+
+fn entry(id: u64, h: u64) -> Entry {
+    Entry { id, pool: 0, stored: Stored::Pool { handle: Handle::from_raw(h), len: 100 }, referenced: false }
+}
+
+fn free_obj(f: &Freed, e: &Entry) {
+    match e.stored {
+        Stored::Pool { handle, .. } if handle.to_raw() == 1 => f.old_obj.fetch_add(1, Ordering::SeqCst),
+        Stored::Pool { .. } => f.new_obj.fetch_add(1, Ordering::SeqCst),
+        _ => unreachable!(),
+    };
+}
+
+fn free_slot(f: &Freed, e: &Entry) {
+    assert_eq!(e.stored, Stored::Swap { slot: SLOT });
+    f.slot.fetch_add(1, Ordering::SeqCst);
+}
+
+fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
+    loom::model(move || {
+        let tree: Arc<Tree<Arc<()>>> = Arc::new(Tree::default());
+        let pool = Arc::new(());
+        let freed = Arc::new(Freed::default());
+        tree.lock(KEY).insert(KEY, entry(1, 1), &pool);
+
+        let wb = {
+            let (tree, freed) = (Arc::clone(&tree), Arc::clone(&freed));
+            thread::spawn(move || {
+                // Pick: still entry 1, in the pool?
+                let picked = tree.lock(KEY).get(KEY).is_some_and(|e| e.id == 1 && e.in_pool());
+                if !picked {
+                    return;
+                }
+                // (the page is written to SLOT here, with no lock held)
+                let mut shard = tree.lock(KEY);
+                let r = shard.writeback_commit(KEY, 1, SLOT, |_, e| free_obj(&freed, e));
+                drop(shard);
+                if r.is_err() {
+                    freed.slot.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let other = {
+            let (tree, freed, pool) = (Arc::clone(&tree), Arc::clone(&freed), Arc::clone(&pool));
+            thread::spawn(move || third(&tree, &freed, &pool))
+        };
+        wb.join().unwrap();
+        other.join().unwrap();
+
+        let mut shard = tree.lock(KEY);
+        let fin = shard.get(KEY).copied();
+        assert_eq!(freed.old_obj.load(Ordering::SeqCst), 1, "the old object is freed exactly once");
+        let slot_freed = freed.slot.load(Ordering::SeqCst);
+        match fin {
+            // SLOT holds entry 1's page: only entry 1 may point at it.
+            Some(e @ Entry { stored: Stored::Swap { slot }, .. }) => {
+                assert_eq!((e.id, slot, slot_freed), (1, SLOT, 0), "key {KEY} points at another entry's page");
+            }
+            _ => assert!(slot_freed <= 1, "slot freed {slot_freed} times"),
+        }
+        // The newer entry's object is untouched while it is the entry.
+        if fin.is_some_and(|e| e.id == 2) {
+            assert_eq!(fin.unwrap().stored, Stored::Pool { handle: Handle::from_raw(2), len: 100 });
+            assert_eq!(freed.new_obj.load(Ordering::SeqCst), 0);
+        }
+        // The shard holds the pool exactly while a pool entry needs it.
+        assert_eq!(shard.pool(0).is_some(), fin.is_some_and(|e| e.in_pool()));
+        if let Some(e) = shard.remove(KEY) {
+            let _ = shard.release(e, |_, e| free_obj(&freed, e), |e| free_slot(&freed, e));
+        }
+        assert!(shard.pool(0).is_none());
+    });
+}
+
+#[test]
+fn writeback_races_invalidate() {
+    model(|tree, freed, _| {
+        let mut shard = tree.lock(KEY);
+        if let Some(e) = shard.remove(KEY) {
+            let _ = shard.release(e, |_, e| free_obj(freed, e), |e| free_slot(freed, e));
+        }
+    });
+}
+
+#[test]
+fn writeback_races_a_new_store() {
+    model(|tree, freed, pool| {
+        let mut shard = tree.lock(KEY);
+        if let Some(old) = shard.insert(KEY, entry(2, 2), pool) {
+            let _ = shard.release(old, |_, e| free_obj(freed, e), |e| free_slot(freed, e));
+        }
+    });
+}

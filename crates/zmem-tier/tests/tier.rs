@@ -1,0 +1,426 @@
+//! The tier against a HashMap model, under threads, and with faults injected.
+//! Every page that comes back is compared byte for byte.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use zmem_compress::corpus::Corpus;
+use zmem_compress::{CodecSpec, CompressError, Compressor, DecompressError, Sequential, PAGE_SIZE};
+use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, Stored, Tier, TierConfig, TierError};
+use zmem_zsmalloc::MempoolConfig;
+
+fn corpus() -> &'static Corpus {
+    Corpus::sample()
+}
+
+fn random_page(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+/// A page of one of the kinds the tier treats differently.
+fn page(kind: u8, seed: u64) -> Vec<u8> {
+    match kind % 8 {
+        0 => vec![0u8; PAGE_SIZE],
+        1 => (seed | 1).to_ne_bytes().repeat(PAGE_SIZE / 8),
+        2 => random_page(seed),
+        _ => corpus().page(seed as usize % corpus().len()).to_vec(),
+    }
+}
+
+fn cfg(limit: usize, writeback: bool) -> TierConfig {
+    let base = if writeback { TierConfig::default() } else { TierConfig::without_writeback() };
+    TierConfig { max_pool_bytes: Some(limit), ..base }
+}
+
+fn load(t: &Tier, key: u64) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    match t.load(key, &mut buf).unwrap() {
+        LoadOutcome::Loaded => Some(buf),
+        LoadOutcome::NotFound => None,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store { key: u64, kinds: Vec<(u8, u64)> },
+    Load(u64),
+    Invalidate(u64),
+    Writeback(usize),
+    Switch(u8),
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0u64..64, prop::collection::vec((any::<u8>(), any::<u64>()), 1..6)).prop_map(|(key, kinds)| Op::Store { key, kinds }),
+        4 => (0u64..70).prop_map(Op::Load),
+        2 => (0u64..70).prop_map(Op::Invalidate),
+        1 => (1usize..40).prop_map(Op::Writeback),
+        1 => (0u8..4).prop_map(Op::Switch),
+        1 => Just(Op::Compact),
+    ]
+}
+
+const SPECS: [&str; 4] = ["lz4", "zstd:1", "lzo-rle", "deflate:1"];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_operations_match_a_hashmap(ops in prop::collection::vec(op(), 1..120), writeback: bool, limit_pages in 8usize..64) {
+        let t = Tier::new(cfg(limit_pages * PAGE_SIZE, writeback)).unwrap();
+        let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Store { key, kinds } => {
+                    let pages: Vec<Vec<u8>> = kinds.iter().map(|&(k, s)| page(k, s)).collect();
+                    match t.store(key, &pages.concat()).unwrap() {
+                        StoreOutcome::Stored { .. } => {
+                            for (i, p) in pages.into_iter().enumerate() {
+                                model.insert(key + i as u64, p);
+                            }
+                        }
+                        StoreOutcome::Rejected(r) => {
+                            if writeback {
+                                prop_assert_ne!(r, RejectReason::CompressPoor);
+                            }
+                            for i in 0..pages.len() as u64 {
+                                model.remove(&(key + i));
+                                prop_assert!(t.lookup(key + i).is_none(), "a rejected store left key {} behind", key + i);
+                            }
+                        }
+                    }
+                }
+                Op::Load(key) => prop_assert_eq!(load(&t, key), model.remove(&key), "key {}", key),
+                Op::Invalidate(key) => prop_assert_eq!(t.invalidate(key), model.remove(&key).is_some()),
+                Op::Writeback(n) => {
+                    let went = t.writeback(n);
+                    prop_assert!(went <= n);
+                    if !writeback { prop_assert_eq!(went, 0); }
+                }
+                Op::Switch(i) => t.set_compressor(SPECS[i as usize].parse().unwrap()).unwrap(),
+                Op::Compact => { t.compact(); }
+            }
+            let s = t.stats();
+            let in_swap = (0..70).filter(|&k| matches!(t.lookup(k), Some(Stored::Swap { .. }))).count() as u64;
+            prop_assert_eq!(s.stored_pages + in_swap, model.len() as u64);
+            prop_assert_eq!(s.swap_pages, in_swap);
+        }
+        for (k, want) in model {
+            prop_assert!(load(&t, k).as_ref() == Some(&want), "key {}", k);
+        }
+        let s = t.stats();
+        prop_assert_eq!((s.stored_pages, s.swap_pages, s.pool_total_size), (0, 0, 0));
+        prop_assert_eq!(s.pools, 1, "old pools are freed with their last entry");
+        prop_assert_eq!(s.decompress_fail, 0);
+    }
+}
+
+#[test]
+fn same_filled_pages_use_no_pool_memory() {
+    let t = Tier::new(cfg(1 << 20, false)).unwrap();
+    let folio = [page(0, 0), page(1, 7), page(1, 9)].concat();
+    assert_eq!(t.store(100, &folio).unwrap(), StoreOutcome::Stored { same_filled: 3, incompressible: 0 });
+    assert_eq!(t.pool_total_size(), 0);
+    assert_eq!(t.stats().same_filled_pages, 3);
+    assert_eq!(load(&t, 101).unwrap(), page(1, 7));
+    assert_eq!(t.stats().same_filled_pages, 2);
+}
+
+#[test]
+fn incompressible_pages_are_raw_with_writeback_and_rejected_without() {
+    let with = Tier::new(cfg(1 << 20, true)).unwrap();
+    let folio = [corpus().page(5).to_vec(), random_page(1)].concat();
+    assert_eq!(with.store(0, &folio).unwrap(), StoreOutcome::Stored { same_filled: 0, incompressible: 1 });
+    assert_eq!(with.stats().stored_incompressible_pages, 1);
+    assert_eq!(load(&with, 1).unwrap(), random_page(1));
+
+    let without = Tier::new(cfg(1 << 20, false)).unwrap();
+    without.store(1, corpus().page(9)).unwrap();
+    assert_eq!(without.store(0, &folio).unwrap(), StoreOutcome::Rejected(RejectReason::CompressPoor));
+    assert_eq!(without.stats().reject_compress_poor, 1);
+    // All or nothing, and the older entry for key 1 is gone too.
+    assert!(without.lookup(0).is_none() && without.lookup(1).is_none());
+    assert_eq!(without.stats().stored_pages, 0);
+}
+
+#[test]
+fn the_pool_limit_rejects_with_hysteresis_when_writeback_is_off() {
+    let limit = 64 * PAGE_SIZE;
+    let t = Tier::new(TierConfig { accept_threshold_percent: 50, ..cfg(limit, false) }).unwrap();
+    let mut k = 0;
+    let rejected = loop {
+        match t.store(k, corpus().page(k as usize)).unwrap() {
+            StoreOutcome::Stored { .. } => k += 1,
+            StoreOutcome::Rejected(r) => break r,
+        }
+        assert!(k < 10_000);
+    };
+    assert_eq!(rejected, RejectReason::PoolLimit);
+    assert!(t.stats().pool_limit_hit >= 1);
+    // Freeing a little is not enough: below the accept threshold only.
+    for key in 0..4 {
+        t.invalidate(key);
+    }
+    assert_eq!(t.store(50_000, corpus().page(3)).unwrap(), StoreOutcome::Rejected(RejectReason::PoolLimit));
+    for key in 4..k {
+        t.invalidate(key);
+    }
+    t.compact();
+    assert!(matches!(t.store(50_000, corpus().page(3)).unwrap(), StoreOutcome::Stored { .. }));
+}
+
+#[test]
+fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
+    let limit = 128 * PAGE_SIZE;
+    let t = Tier::new(cfg(limit, true)).unwrap();
+    let n = 2000u64;
+    for k in 0..n {
+        assert!(matches!(t.store(k, corpus().page(k as usize)).unwrap(), StoreOutcome::Stored { .. }));
+    }
+    let s = t.stats();
+    assert!(s.written_back_pages > 0 && s.swap_pages > 0, "{s:?}");
+    assert!(s.pool_total_size as usize <= limit + 16 * PAGE_SIZE, "{s:?}");
+    assert!(t.swap_file().unwrap().encrypted());
+    // The coldest went first.
+    assert!(matches!(t.lookup(0), Some(Stored::Swap { .. })));
+    for k in 0..n {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
+    }
+    assert_eq!(t.stats().swap_pages, 0);
+    assert_eq!(t.shrinker().count(), 0);
+}
+
+#[test]
+fn a_compressor_switch_keeps_old_entries_loadable_and_frees_their_pool() {
+    let t = Tier::new(cfg(64 << 20, false)).unwrap();
+    for k in 0..100 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    t.set_compressor("zstd:3".parse().unwrap()).unwrap();
+    assert_eq!(t.compressor(), "zstd:3");
+    for k in 100..200 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    assert_eq!(t.stats().pools, 2);
+    for k in 0..100 {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize));
+    }
+    assert_eq!(t.stats().pools, 1, "the lz4 pool went with its last entry");
+    for k in 100..200 {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize));
+    }
+}
+
+#[test]
+fn bad_folios_are_errors_that_change_nothing() {
+    let t = Tier::new(cfg(1 << 20, false)).unwrap();
+    for len in [0, 100, PAGE_SIZE + 1, 513 * PAGE_SIZE] {
+        assert!(matches!(t.store(0, &vec![1u8; len]), Err(TierError::BadFolio { .. })), "{len}");
+    }
+    assert!(matches!(t.load(0, &mut [0u8; 100]), Err(TierError::BadFolio { .. })));
+    assert_eq!(t.stats().zswpout, 0);
+    let e = Tier::new(TierConfig { max_pool_percent: 0, ..TierConfig::default() }).unwrap_err();
+    assert!(e.to_string().contains("1..=100"), "{e}");
+    let e = Tier::new(TierConfig { writeback: true, swap: None, ..TierConfig::default() }).unwrap_err();
+    assert!(e.to_string().contains("swap file"), "{e}");
+}
+
+/// lz4 that fails on every page after the first `ok` calls.
+struct Failing {
+    inner: Box<dyn Compressor>,
+    ok: usize,
+}
+
+impl Compressor for Failing {
+    fn name(&self) -> &str {
+        "lz4"
+    }
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CompressError> {
+        if self.ok == 0 {
+            return Err(CompressError::Codec { codec: "lz4", msg: "injected failure".into() });
+        }
+        self.ok -= 1;
+        self.inner.compress(src, dst)
+    }
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
+        self.inner.decompress(src, dst)
+    }
+}
+
+#[test]
+fn a_failing_codec_rejects_the_whole_folio() {
+    let factory: zmem_compress::Factory =
+        Arc::new(|| Box::new(Failing { inner: "lz4".parse::<CodecSpec>().unwrap().build(), ok: 3 }));
+    let t = Tier::with_compressor(cfg(1 << 20, true), Arc::new(Sequential::new(factory, 8).unwrap())).unwrap();
+    t.store(10, corpus().page(1)).unwrap();
+    let folio: Vec<u8> = corpus().pages().take(8).flatten().copied().collect();
+    assert_eq!(t.store(10, &folio).unwrap(), StoreOutcome::Rejected(RejectReason::CompressFail));
+    assert_eq!(t.stats().reject_compress_fail, 1);
+    assert!((10..18).all(|k| t.lookup(k).is_none()), "nothing stays, the old entry neither");
+    assert_eq!(t.pool_total_size(), 0, "objects of the pages that did compress were freed");
+}
+
+#[test]
+fn a_pool_that_cannot_allocate_rejects_and_keeps_the_rest() {
+    let mp = MempoolConfig { min_nr: 0, max_pages: Some(24), ..MempoolConfig::default() };
+    let t = Tier::new(TierConfig { mempool: mp, ..cfg(64 << 20, false) }).unwrap();
+    let mut stored = Vec::new();
+    let mut k = 0u64;
+    loop {
+        match t.store(k, corpus().page(k as usize)).unwrap() {
+            StoreOutcome::Stored { .. } => stored.push(k),
+            StoreOutcome::Rejected(r) => {
+                assert_eq!(r, RejectReason::AllocFail);
+                break;
+            }
+        }
+        k += 1;
+        assert!(k < 5000);
+    }
+    assert_eq!(t.stats().reject_alloc_fail, 1);
+    for k in stored {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize));
+    }
+}
+
+/// A tmpfs of `kib` KiB, mounted for the test and removed after.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(kib: usize) -> Option<SmallFs> {
+        let dir = std::env::temp_dir().join(format!("zmem-tier-enospc-{}-{kib}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+        }
+        ok.then_some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn enospc_during_writeback_keeps_every_entry() {
+    let Some(fs) = SmallFs::mount(128) else {
+        eprintln!("SKIPPED enospc_during_writeback_keeps_every_entry: cannot mount tmpfs (not root?)");
+        assert_ne!(rustix::process::geteuid().as_raw(), 0, "root could not mount a tmpfs");
+        return;
+    };
+    let t = Tier::new(cfg(64 << 20, true).with_swap_dir(fs.0.clone(), true)).unwrap();
+    for k in 0..400 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    let went = t.writeback(400);
+    let s = t.stats();
+    assert!((16..400).contains(&went), "a 128 KiB file takes some, not all: {went}");
+    assert!(s.reject_reclaim_fail > 0, "{s:?}");
+    for k in 0..400 {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
+    }
+    drop(t);
+}
+
+#[test]
+fn a_corrupt_slot_is_an_error_and_the_entry_stays() {
+    let t = Tier::new(cfg(64 << 20, true)).unwrap();
+    t.store(7, corpus().page(7)).unwrap();
+    // One call gets past the second chance (`referenced` is set on store).
+    assert_eq!(t.writeback(1), 1);
+    let Some(Stored::Swap { slot }) = t.lookup(7) else { panic!("written back") };
+    let f = t.swap_file().unwrap().file();
+    let off = u64::from(slot) * PAGE_SIZE as u64 + 99;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&[b[0] ^ 0x80], off).unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    assert!(matches!(t.load(7, &mut buf), Err(TierError::Swap { key: 7, .. })));
+    assert_eq!(t.stats().decompress_fail, 1);
+    assert!(t.lookup(7).is_some(), "a failed load loses nothing");
+    // Put the byte back: the page is intact.
+    f.write_all_at(&b, off).unwrap();
+    assert!(load(&t, 7).unwrap() == corpus().page(7));
+}
+
+#[test]
+fn eight_threads_store_load_and_invalidate_with_writeback_and_switches() {
+    let t = Arc::new(Tier::new(cfg(256 * PAGE_SIZE, true)).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bg = {
+        let (t, stop) = (Arc::clone(&t), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                t.writeback(16);
+                if i % 50 == 0 {
+                    t.set_compressor(SPECS[(i / 50) % SPECS.len()].parse().unwrap()).unwrap();
+                }
+                i += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        })
+    };
+    std::thread::scope(|s| {
+        for th in 0..8u64 {
+            let t = Arc::clone(&t);
+            s.spawn(move || {
+                let base = th << 32;
+                let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+                let mut x = th * 7919 + 1;
+                for _ in 0..3000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = base + x % 300;
+                    match x >> 60 {
+                        0..=7 => {
+                            let n = 1 + (x >> 20) as usize % 4;
+                            let pages: Vec<Vec<u8>> = (0..n as u64).map(|i| page((x >> 8) as u8, x ^ i)).collect();
+                            if let StoreOutcome::Stored { .. } = t.store(key, &pages.concat()).unwrap() {
+                                for (i, p) in pages.into_iter().enumerate() {
+                                    model.insert(key + i as u64, p);
+                                }
+                            } else {
+                                for i in 0..n as u64 {
+                                    model.remove(&(key + i));
+                                }
+                            }
+                        }
+                        8..=13 => assert_eq!(load(&t, key), model.remove(&key), "thread {th} key {key}"),
+                        _ => assert_eq!(t.invalidate(key), model.remove(&key).is_some()),
+                    }
+                }
+                for (k, v) in model {
+                    assert!(load(&t, k).as_ref() == Some(&v), "thread {th} key {k}");
+                }
+            });
+        }
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    bg.join().unwrap();
+    let s = t.stats();
+    assert_eq!((s.stored_pages, s.swap_pages, s.decompress_fail), (0, 0, 0), "{s:?}");
+    assert!(s.written_back_pages > 0, "{s:?}");
+}
