@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod crypt;
+pub mod fuzz;
 pub mod slot;
 
 use std::fs::File;
