@@ -424,3 +424,25 @@ fn eight_threads_store_load_and_invalidate_with_writeback_and_switches() {
     assert_eq!((s.stored_pages, s.swap_pages, s.decompress_fail), (0, 0, 0), "{s:?}");
     assert!(s.written_back_pages > 0, "{s:?}");
 }
+
+#[test]
+fn non_exclusive_loads_keep_the_entry_and_give_it_a_second_chance() {
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(64 << 20, true) }).unwrap();
+    for k in 0..64 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    // A first writeback pass clears `referenced` on everything it scans.
+    assert_eq!(t.writeback(32), 32);
+    for _ in 0..3 {
+        assert!(load(&t, 40).unwrap() == corpus().page(40), "loads repeat");
+    }
+    assert!(matches!(t.lookup(40), Some(Stored::Pool { .. })));
+    // Written-back entries load from the file and stay there too.
+    let in_swap = (0..64).find(|&k| matches!(t.lookup(k), Some(Stored::Swap { .. }))).unwrap();
+    for _ in 0..2 {
+        assert!(load(&t, in_swap).unwrap() == corpus().page(in_swap as usize));
+    }
+    assert!(matches!(t.lookup(in_swap), Some(Stored::Swap { .. })));
+    assert_eq!(t.stats().zswpin, 5);
+    assert!(t.invalidate(40) && !t.invalidate(40));
+}
