@@ -10,7 +10,9 @@
 //! built on this layer; see ARCHITECTURE.md.
 
 pub mod mapping;
+pub mod pager;
 pub mod sys;
 
 pub use mapping::Mapping;
+pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

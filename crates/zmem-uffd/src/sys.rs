@@ -8,8 +8,11 @@
 //! touched through raw pointers or atomics, as a pager's regions are.
 //!
 //! # Error handling (as firecracker's uffd handler does)
-//! - `EAGAIN`: the mm changed under the ioctl (a concurrent mremap/fork) or
-//!   it made partial progress; the ioctl is retried for what is left.
+//! - `EAGAIN` with progress: the rest is retried. `EAGAIN` with none: an
+//!   event is pending (`mmap_changing`) and every resolving ioctl fails until
+//!   it is read, so the ioctl returns [`UffdError::Again`] and the caller
+//!   drains events first. (Retrying in place deadlocks: the madvise that
+//!   raised the event waits for the event to be read.)
 //! - `EEXIST` on COPY/ZEROPAGE: a page is already there (another handler, or
 //!   a racing fault already resolved it). The range is reported done and the
 //!   waiters are woken: the faulting thread retries its access and finds it.
@@ -83,6 +86,11 @@ pub enum UffdError {
     MissingFeatures { missing: u64, offered: u64 },
     #[error("{op} at {addr:#x}+{len:#x}: {errno}")]
     Ioctl { op: &'static str, addr: u64, len: u64, errno: Errno },
+    /// EAGAIN: an event (remove, unmap, remap, fork) is pending and the mm is
+    /// changing. The caller MUST read events before retrying, or it may wait
+    /// forever for a madvise that waits on it. `done` bytes were handled.
+    #[error("the address space is changing (an unread userfaultfd event): {done} bytes done")]
+    Again { done: u64 },
     #[error("reading userfaultfd events: {0}")]
     Read(Errno),
     #[error("a short userfaultfd message of {0} bytes")]
@@ -303,7 +311,8 @@ impl Uffd {
     /// (EEXIST) ends the copy early and counts as resolved.
     ///
     /// # Errors
-    /// The ioctl's error, other than EAGAIN (retried) and EEXIST.
+    /// [`UffdError::Again`] while an event is unread; the ioctl's error other
+    /// than EEXIST.
     ///
     /// # Safety
     /// 1. `src` is valid for reads of `len` bytes;
@@ -316,12 +325,14 @@ impl Uffd {
             // SAFETY: one struct uffdio_copy in and out; the caller's
             // contract covers the memory the kernel reads and writes.
             let r = unsafe { call::<{ nr::UFFDIO_COPY }, _>(self.fd.as_fd(), &mut c) };
-            if c.copy > 0 {
+            let progress = c.copy > 0;
+            if progress {
                 done += c.copy as u64;
             }
             match r {
                 Ok(()) => {}
-                Err(Errno::AGAIN) => continue,
+                Err(Errno::AGAIN) if progress => continue,
+                Err(Errno::AGAIN) => return Err(UffdError::Again { done }),
                 Err(Errno::EXIST) => {
                     if !dontwake {
                         self.wake(dst, len)?;
@@ -354,12 +365,14 @@ impl Uffd {
             // SAFETY: one struct uffdio_zeropage in and out; the caller's
             // contract covers the range the kernel maps.
             let r = unsafe { call::<{ nr::UFFDIO_ZEROPAGE }, _>(self.fd.as_fd(), &mut z) };
-            if z.zeropage > 0 {
+            let progress = z.zeropage > 0;
+            if progress {
                 done += z.zeropage as u64;
             }
             match r {
                 Ok(()) => {}
-                Err(Errno::AGAIN) => continue,
+                Err(Errno::AGAIN) if progress => continue,
+                Err(Errno::AGAIN) => return Err(UffdError::Again { done }),
                 Err(Errno::EXIST) => {
                     if !dontwake {
                         self.wake(dst, len)?;
@@ -385,6 +398,34 @@ impl Uffd {
     /// # Safety
     /// No Rust reference covers `[src, src + len)` or `[dst, dst + len)`.
     pub unsafe fn move_pages(&self, dst: u64, src: u64, len: u64, allow_holes: bool) -> Result<u64, UffdError> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.move_inner(dst, src, len, allow_holes, false) }
+    }
+
+    /// As [`move_pages`](Self::move_pages) without holes allowed, but a
+    /// missing source page ends the move (ENOENT) and reports how far it got:
+    /// the page at `src + returned` is a hole (if `returned < len`).
+    ///
+    /// # Errors
+    /// As [`move_pages`](Self::move_pages).
+    ///
+    /// # Safety
+    /// As [`move_pages`](Self::move_pages).
+    pub unsafe fn move_until_hole(&self, dst: u64, src: u64, len: u64) -> Result<u64, UffdError> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.move_inner(dst, src, len, false, true) }
+    }
+
+    /// # Safety
+    /// As [`move_pages`](Self::move_pages).
+    unsafe fn move_inner(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        allow_holes: bool,
+        stop_at_hole: bool,
+    ) -> Result<u64, UffdError> {
         let mode = if allow_holes { UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES } else { 0 };
         let mut done = 0;
         while done < len {
@@ -392,12 +433,15 @@ impl Uffd {
             // SAFETY: one struct uffdio_move in and out; the caller's
             // contract covers both ranges.
             let r = unsafe { call::<{ UFFDIO_MOVE }, _>(self.fd.as_fd(), &mut m) };
-            if m.move_ > 0 {
+            let progress = m.move_ > 0;
+            if progress {
                 done += m.move_ as u64;
             }
             match r {
                 Ok(()) => {}
-                Err(Errno::AGAIN) => continue,
+                Err(Errno::AGAIN) if progress => continue,
+                Err(Errno::AGAIN) => return Err(UffdError::Again { done }),
+                Err(Errno::NOENT) if stop_at_hole => return Ok(done),
                 Err(e) => return Err(Self::err("UFFDIO_MOVE", src + done, len - done)(e)),
             }
         }

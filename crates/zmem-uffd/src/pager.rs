@@ -1,0 +1,787 @@
+//! The pager: anonymous memory under a limit, backed by the tier.
+//!
+//! A [`Pager`] owns one userfaultfd, a handler thread, a reclaim thread and
+//! a [`Tier`]. [`Pager::map`] hands out [`Region`]s: anonymous private
+//! memory registered for MISSING faults. Memory is managed in folios
+//! (64 KiB by default).
+//!
+//! # Folio states
+//! ```text
+//! NEVER ──fault: ZEROPAGE──► RESIDENT ──reclaim: MOVE to staging──► EVICTING
+//!                               ▲                                       │ store in the tier
+//!                               └──fault: load folio, COPY── EVICTED ◄──┘
+//! ```
+//! - Eviction takes the folio out of the program's page table with
+//!   `UFFDIO_MOVE` (atomic, no copy): from then on any access faults, and the
+//!   handler waits while the folio is EVICTING, so no write is lost.
+//! - A fault on an EVICTED folio loads all of it (fault-around) into a bounce
+//!   buffer and maps it with one `UFFDIO_COPY`.
+//! - A fault on a RESIDENT folio is a page the program dropped (madvise): it
+//!   gets the zero page.
+//! - Pages that were holes at eviction have no entry and come back as
+//!   zeros. Pages that could not be moved (EBUSY: shared after fork, pinned)
+//!   stay mapped, and the COPY of the folio steps over them.
+//!
+//! # Accounting and reclaim
+//! Usage is resident folios plus the tier's pool plus this pager's
+//! metadata. Above the high watermark the reclaim thread evicts, in batches
+//! of `reclaim_batch` folios, down to the low watermark, choosing victims by
+//! CLOCK: a folio faulted in is referenced, and the hand clears the bit and
+//! passes it over once. A fault that finds usage above the limit kicks
+//! reclaim and waits for it, at most `direct_reclaim_wait` (so a fault never
+//! hangs).
+//!
+//! # Lock order
+//! 1. a folio stripe lock (one of 256, by folio index); never two at once;
+//! 2. inside it: the tier (its own order), the CLOCK list mutex (a leaf).
+//!
+//! The regions table is an `RwLock`, read by the handler, written by
+//! map/unmap, never held across a stripe lock or a tier call.
+//!
+//! # Events
+//! - `madvise(MADV_DONTNEED)` and `munmap` by the program (REMOVE, UNMAP):
+//!   the range's entries are invalidated and its folios forget their pages.
+//! - `mremap` of a whole region (REMAP): entries are keyed by (region, page),
+//!   so the region just moves; partial remaps of a region are not supported.
+//! - fork: regions are `MADV_DONTFORK`: a child does not inherit them, and
+//!   touching one there is a SIGSEGV, never silently wrong data.
+//!
+//! # Deadlock and livelock avoidance
+//! - `madvise`, `munmap` and `mremap` of a registered range wait until the
+//!   handler reads their event, and while an event is unread every COPY,
+//!   ZEROPAGE and MOVE fails with EAGAIN. So the handler never waits for the
+//!   reclaim thread except on an EVICTING folio, a fault that gets EAGAIN is
+//!   deferred until the events are read (its entries stay in the tier until
+//!   the COPY succeeds), and reclaim raises no events of its own: it
+//!   unregisters its staging area around the DONTNEED that frees it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use zmem_tier::{LoadOutcome, StoreOutcome, Tier, TierConfig, TierError};
+
+use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};
+
+/// What became of a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Done,
+    /// An event is unread (EAGAIN): read events, then try again.
+    Again,
+}
+
+const NEVER: u8 = 0;
+const RESIDENT: u8 = 1;
+const EVICTING: u8 = 2;
+const EVICTED: u8 = 3;
+const STRIPES: usize = 256;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PagerError {
+    #[error("invalid pager configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    #[error("mmap: {0}")]
+    Map(rustix::io::Errno),
+}
+
+/// Settings of a pager.
+#[derive(Debug, Clone)]
+pub struct PagerConfig {
+    /// Bytes of resident memory plus pool plus metadata the regions may use.
+    pub limit: usize,
+    /// Reclaim starts above this percent of the limit…
+    pub high_watermark_percent: u32,
+    /// …and stops below this one.
+    pub low_watermark_percent: u32,
+    /// The eviction unit: 4 KiB to 2 MiB, a power of two.
+    pub folio_size: usize,
+    /// Folios per reclaim pass (1..=32).
+    pub reclaim_batch: usize,
+    /// The longest a fault waits for reclaim when usage is over the limit.
+    pub direct_reclaim_wait: Duration,
+    pub tier: TierConfig,
+}
+
+impl PagerConfig {
+    /// A pager under `limit` bytes. Its tier's pool may take half of the
+    /// limit, and writes back to a swap file in the temporary directory
+    /// beyond that: real heap pages compress 2-3x, so a working set of
+    /// several times the limit does not fit without writeback.
+    pub fn with_limit(limit: usize) -> PagerConfig {
+        PagerConfig {
+            limit,
+            high_watermark_percent: 95,
+            low_watermark_percent: 85,
+            folio_size: 64 << 10,
+            reclaim_batch: 8,
+            direct_reclaim_wait: Duration::from_millis(20),
+            tier: TierConfig { memory_budget: limit, max_pool_percent: 50, ..TierConfig::default() },
+        }
+    }
+}
+
+/// Counters of a pager.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PagerStats {
+    /// Faults on never-touched folios, resolved with the zero page.
+    pub zero_faults: u64,
+    /// Faults that loaded a folio from the tier.
+    pub load_faults: u64,
+    /// Faults on a resident folio: a page the program dropped, or a second
+    /// fault on a folio that another fault just brought in.
+    pub dropped_page_faults: u64,
+    /// Faults that waited for an eviction to finish.
+    pub eviction_waits: u64,
+    pub evicted_folios: u64,
+    /// Folios whose store was rejected and which were put back.
+    pub eviction_rejects: u64,
+    pub direct_reclaim_waits: u64,
+    pub resident_bytes: u64,
+    pub usage_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    zero_faults: AtomicU64,
+    load_faults: AtomicU64,
+    dropped_page_faults: AtomicU64,
+    eviction_waits: AtomicU64,
+    evicted_folios: AtomicU64,
+    eviction_rejects: AtomicU64,
+    direct_reclaim_waits: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A region's bookkeeping: 2 bytes per folio.
+#[derive(Debug)]
+struct RegionState {
+    id: u32,
+    start: AtomicU64,
+    mapping: Mutex<Option<Mapping>>,
+    len: usize,
+    state: Box<[AtomicU8]>,
+    referenced: Box<[AtomicBool]>,
+}
+
+impl RegionState {
+    fn key(&self, page: usize) -> u64 {
+        (u64::from(self.id) << 40) | page as u64
+    }
+}
+
+struct Inner {
+    cfg: PagerConfig,
+    uffd: Uffd,
+    tier: Tier,
+    regions: RwLock<BTreeMap<u64, Arc<RegionState>>>,
+    stripes: Vec<(Mutex<()>, Condvar)>,
+    clock: Mutex<VecDeque<(Arc<RegionState>, usize)>>,
+    resident: AtomicUsize,
+    next_region: AtomicU32,
+    counters: Counters,
+    stop: AtomicBool,
+    kick: (Mutex<bool>, Condvar),
+    reclaimed: (Mutex<()>, Condvar),
+}
+
+/// Anonymous memory under a limit, backed by a compressed tier.
+pub struct Pager {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager").field("limit", &self.inner.cfg.limit).field("stats", &self.stats()).finish()
+    }
+}
+
+/// Memory handed out by a [`Pager`]. Unmapped (and its entries dropped) on drop.
+pub struct Region {
+    state: Arc<RegionState>,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region").field("addr", &self.addr()).field("len", &self.state.len).finish()
+    }
+}
+
+impl Region {
+    pub fn addr(&self) -> u64 {
+        self.state.start.load(Ordering::Acquire)
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.state.len == 0
+    }
+
+    /// The region as atomic words, for the lifetime of the region (touching
+    /// a page faults it in).
+    pub fn words(&self) -> &[AtomicU64] {
+        let addr = self.addr();
+        // SAFETY: 1. [addr, addr + len) is this region's mapping, which lives
+        // until the Region (and so this borrow) is dropped; 2. it is
+        // 8-aligned; 3. its bytes are only ever reached through atomics and
+        // the kernel, so shared atomic views are sound.
+        unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, self.state.len / 8) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        let st = &self.state;
+        let addr = st.start.load(Ordering::Acquire);
+        let _ = inner.uffd.unregister(addr, st.len as u64);
+        inner.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&addr);
+        for (f, s) in st.state.iter().enumerate() {
+            let (lock, cv) = inner.stripe(st, f);
+            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while s.load(Ordering::Acquire) == EVICTING {
+                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            let old = s.swap(NEVER, Ordering::AcqRel);
+            drop(g);
+            if old == RESIDENT {
+                inner.resident.fetch_sub(1, Ordering::Relaxed);
+            }
+            if old == EVICTED {
+                inner.invalidate_folio(st, f);
+            }
+        }
+        // Unregistered, so munmap raises no event.
+        drop(st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+}
+
+impl Pager {
+    /// Starts a pager: its userfaultfd, tier, handler and reclaim threads.
+    ///
+    /// # Errors
+    /// A bad configuration, no userfaultfd (with what to change), or the
+    /// tier's errors.
+    pub fn new(cfg: PagerConfig) -> Result<Pager, PagerError> {
+        let fs = cfg.folio_size;
+        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
+            return Err(PagerError::Config(format!("folio_size {fs} must be a power of two in 4 KiB..=2 MiB")));
+        }
+        if !(1..=32).contains(&cfg.reclaim_batch) {
+            return Err(PagerError::Config(format!("reclaim_batch {} must be in 1..=32", cfg.reclaim_batch)));
+        }
+        if cfg.low_watermark_percent >= cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
+            return Err(PagerError::Config("watermarks must satisfy low < high <= 100".into()));
+        }
+        if cfg.limit < 4 * fs * cfg.reclaim_batch {
+            return Err(PagerError::Config(format!(
+                "limit {} is below four reclaim batches ({} bytes)",
+                cfg.limit,
+                4 * fs * cfg.reclaim_batch
+            )));
+        }
+        let uffd = Uffd::open(
+            OpenMode::Auto,
+            Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
+        )?;
+        // Loads keep their entries until the folio is mapped: a COPY can fail
+        // with EAGAIN (an unread event), and the pages must survive a retry.
+        let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
+        let inner = Arc::new(Inner {
+            stripes: (0..STRIPES).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+            clock: Mutex::new(VecDeque::new()),
+            regions: RwLock::new(BTreeMap::new()),
+            resident: AtomicUsize::new(0),
+            next_region: AtomicU32::new(1),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            kick: (Mutex::new(false), Condvar::new()),
+            reclaimed: (Mutex::new(()), Condvar::new()),
+            uffd,
+            tier,
+            cfg,
+        });
+        let staging = Mapping::new(inner.cfg.folio_size * inner.cfg.reclaim_batch).map_err(PagerError::Map)?;
+        inner.uffd.register(staging.addr(), staging.len() as u64, RegisterMode { missing: true, wp: false })?;
+        let h = Arc::clone(&inner);
+        let r = Arc::clone(&inner);
+        let threads = vec![
+            std::thread::Builder::new()
+                .name("zmem-uffd-handler".into())
+                .spawn(move || h.handler_main())
+                .map_err(|e| PagerError::Config(format!("spawn handler: {e}")))?,
+            std::thread::Builder::new()
+                .name("zmem-reclaim".into())
+                .spawn(move || r.reclaim_main(staging))
+                .map_err(|e| PagerError::Config(format!("spawn reclaim: {e}")))?,
+        ];
+        Ok(Pager { inner, threads })
+    }
+
+    /// Maps `len` bytes (rounded up to folios) of managed memory.
+    ///
+    /// # Errors
+    /// mmap or userfaultfd registration errors.
+    pub fn map(&self, len: usize) -> Result<Region, PagerError> {
+        let fs = self.inner.cfg.folio_size;
+        let len = len.max(1).div_ceil(fs) * fs;
+        let m = Mapping::new(len).map_err(PagerError::Map)?;
+        let addr = m.addr();
+        let advice = rustix::mm::Advice::LinuxDontFork;
+        // SAFETY: the range is our fresh mapping; DONTFORK changes only what
+        // a child inherits.
+        unsafe { rustix::mm::madvise(addr as *mut _, len, advice) }.map_err(PagerError::Map)?;
+        self.inner.uffd.register(addr, len as u64, RegisterMode { missing: true, wp: false })?;
+        let nf = len / fs;
+        let state = Arc::new(RegionState {
+            id: self.inner.next_region.fetch_add(1, Ordering::Relaxed),
+            start: AtomicU64::new(addr),
+            mapping: Mutex::new(Some(m)),
+            len,
+            state: (0..nf).map(|_| AtomicU8::new(NEVER)).collect(),
+            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+        });
+        self.inner.regions.write().unwrap_or_else(|e| e.into_inner()).insert(addr, Arc::clone(&state));
+        Ok(Region { state, inner: Arc::clone(&self.inner) })
+    }
+
+    pub fn tier(&self) -> &Tier {
+        &self.inner.tier
+    }
+
+    pub fn stats(&self) -> PagerStats {
+        let c = &self.inner.counters;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PagerStats {
+            zero_faults: r(&c.zero_faults),
+            load_faults: r(&c.load_faults),
+            dropped_page_faults: r(&c.dropped_page_faults),
+            eviction_waits: r(&c.eviction_waits),
+            evicted_folios: r(&c.evicted_folios),
+            eviction_rejects: r(&c.eviction_rejects),
+            direct_reclaim_waits: r(&c.direct_reclaim_waits),
+            resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
+            usage_bytes: self.inner.usage() as u64,
+        }
+    }
+
+    /// Evicts down to the low watermark now, and waits for it.
+    pub fn reclaim_now(&self) {
+        self.inner.kick_reclaim();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.inner.usage() > self.inner.low() && Instant::now() < deadline {
+            let g = self.inner.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Pager {
+    /// Stops reclaim. The handler serves faults until the last region is
+    /// dropped: regions may outlive their pager, and a fault nobody serves
+    /// would hang. With no region left, both threads are joined.
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.kick_reclaim();
+        if self.inner.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn usage(&self) -> usize {
+        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size + self.tier.pool_total_size()
+    }
+
+    fn high(&self) -> usize {
+        self.cfg.limit / 100 * self.cfg.high_watermark_percent as usize
+    }
+
+    fn low(&self) -> usize {
+        self.cfg.limit / 100 * self.cfg.low_watermark_percent as usize
+    }
+
+    fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<()>, Condvar) {
+        &self.stripes[(st.id as usize * 7919 + f) % STRIPES]
+    }
+
+    fn kick_reclaim(&self) {
+        *self.kick.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.kick.1.notify_one();
+    }
+
+    fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let (_, r) = regions.range(..=addr).next_back()?;
+        (addr < r.start.load(Ordering::Acquire) + r.len as u64).then(|| Arc::clone(r))
+    }
+
+    fn invalidate_folio(&self, st: &RegionState, f: usize) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        for p in f * ppf..(f + 1) * ppf {
+            self.tier.invalidate(st.key(p));
+        }
+    }
+
+    // ---------------------------------------------------------------- faults
+
+    fn handler_main(self: Arc<Self>) {
+        let mut bounce = vec![0u8; self.cfg.folio_size];
+        let mut pending: VecDeque<u64> = VecDeque::new();
+        loop {
+            if self.stop.load(Ordering::Acquire) && self.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                return;
+            }
+            let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
+            if self.uffd.wait(Some(timeout)).is_err() {
+                return;
+            }
+            let Ok(events) = self.uffd.read_events(64) else { return };
+            for ev in events {
+                match ev {
+                    Event::PageFault { addr, .. } => pending.push_back(addr),
+                    Event::Remove { start, end } | Event::Unmap { start, end } => self.drop_range(start, end),
+                    Event::Remap { from, to, len } => self.remap(from, to, len),
+                    Event::Fork { .. } | Event::Unknown(_) => {}
+                }
+            }
+            // Serve faults in order; at the first EAGAIN go back and read
+            // the event that blocks them.
+            while let Some(&addr) = pending.front() {
+                if self.fault(addr, &mut bounce) == Served::Again {
+                    break;
+                }
+                pending.pop_front();
+            }
+        }
+    }
+
+    fn fault(&self, addr: u64, bounce: &mut [u8]) -> Served {
+        let fs = self.cfg.folio_size as u64;
+        let Some(st) = self.region_at(addr) else {
+            // Not a region (a staging page, or a region being torn down):
+            // map a zero page so that the thread is not stuck.
+            // SAFETY: an address of a range registered with our uffd, which
+            // no Rust reference covers.
+            let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+            return if matches!(r, Err(UffdError::Again { .. })) { Served::Again } else { Served::Done };
+        };
+        let start = st.start.load(Ordering::Acquire);
+        let f = ((addr - start) / fs) as usize;
+        let folio_addr = start + f as u64 * fs;
+        let (lock, cv) = self.stripe(&st, f);
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match st.state[f].load(Ordering::Acquire) {
+                EVICTING => {
+                    inc(&self.counters.eviction_waits);
+                    g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                NEVER => {
+                    // SAFETY: the folio lies in our registered region, reached
+                    // only through atomics and the kernel.
+                    if let Err(UffdError::Again { .. }) = unsafe { self.uffd.zeropage(folio_addr, fs, false) } {
+                        return Served::Again;
+                    }
+                    self.became_resident(&st, f);
+                    inc(&self.counters.zero_faults);
+                    break;
+                }
+                EVICTED => {
+                    bounce.fill(0);
+                    let ppf = bounce.len() / PAGE_SIZE;
+                    for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                        match self.tier.load(st.key(f * ppf + i), page) {
+                            Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
+                            Err(e) => {
+                                // The tier keeps the entry; the page reads as
+                                // zeros rather than the program hanging, and
+                                // the error is counted (decompress_fail).
+                                eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
+                            }
+                        }
+                    }
+                    if self.copy_folio(folio_addr, bounce) == Served::Again {
+                        // Nothing is lost: the entries are still in the tier.
+                        return Served::Again;
+                    }
+                    self.invalidate_folio(&st, f);
+                    self.became_resident(&st, f);
+                    inc(&self.counters.load_faults);
+                    break;
+                }
+                _ => {
+                    // A page the program dropped from a resident folio.
+                    // SAFETY: as above.
+                    let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+                    if let Err(UffdError::Again { .. }) = r {
+                        return Served::Again;
+                    }
+                    inc(&self.counters.dropped_page_faults);
+                    break;
+                }
+            }
+        }
+        drop(g);
+        if self.usage() > self.high() {
+            self.kick_reclaim();
+        }
+        if self.usage() > self.cfg.limit {
+            // Direct reclaim, bounded: wait for the reclaimer a little.
+            inc(&self.counters.direct_reclaim_waits);
+            let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
+            while self.usage() > self.cfg.limit && Instant::now() < deadline {
+                let g = self.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = self.reclaimed.1.wait_timeout(g, Duration::from_millis(1));
+            }
+        }
+        Served::Done
+    }
+
+    /// COPYs a folio, stepping over pages that are still mapped (EEXIST).
+    /// On `Again`, what was copied stays (a retry steps over it).
+    fn copy_folio(&self, dst: u64, src: &[u8]) -> Served {
+        let mut off = 0u64;
+        let len = src.len() as u64;
+        while off < len {
+            // SAFETY: src is our bounce buffer; dst lies in a registered
+            // region reached only through atomics and the kernel.
+            let n = unsafe { self.uffd.copy(dst + off, src[off as usize..].as_ptr(), len - off, false) };
+            match n {
+                Ok(n) if n == len - off => break,
+                // Stopped at a page that is present: step over it.
+                Ok(n) => off += n + PAGE_SIZE as u64,
+                Err(UffdError::Again { .. }) => return Served::Again,
+                Err(e) => {
+                    eprintln!("zmem: UFFDIO_COPY failed: {e}");
+                    break;
+                }
+            }
+        }
+        Served::Done
+    }
+
+    fn became_resident(&self, st: &Arc<RegionState>, f: usize) {
+        st.state[f].store(RESIDENT, Ordering::Release);
+        st.referenced[f].store(true, Ordering::Relaxed);
+        self.resident.fetch_add(1, Ordering::Relaxed);
+        self.clock.lock().unwrap_or_else(|e| e.into_inner()).push_back((Arc::clone(st), f));
+    }
+
+    /// The program dropped `[start, end)` (madvise or munmap): its entries go.
+    fn drop_range(&self, start: u64, end: u64) {
+        let Some(st) = self.region_at(start) else { return };
+        let base = st.start.load(Ordering::Acquire);
+        let first_page = ((start - base) / PAGE_SIZE as u64) as usize;
+        let last_page = ((end.min(base + st.len as u64) - base).div_ceil(PAGE_SIZE as u64)) as usize;
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        for f in first_page / ppf..last_page.div_ceil(ppf) {
+            let (lock, cv) = self.stripe(&st, f);
+            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while st.state[f].load(Ordering::Acquire) == EVICTING {
+                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            for p in (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page) {
+                self.tier.invalidate(st.key(p));
+            }
+            let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
+            // A whole folio dropped is as if never touched; a resident folio
+            // partly dropped stays resident (its dropped pages fault to zero).
+            if whole && st.state[f].swap(NEVER, Ordering::AcqRel) == RESIDENT {
+                self.resident.fetch_sub(1, Ordering::Relaxed);
+            }
+            drop(g);
+        }
+    }
+
+    /// A whole region moved: entries are region-relative, so only its
+    /// address changes.
+    fn remap(&self, from: u64, to: u64, len: u64) {
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = regions.remove(&from) {
+            if st.len as u64 == len {
+                st.start.store(to, Ordering::Release);
+                regions.insert(to, st);
+            } else {
+                eprintln!("zmem: a partial mremap of a managed region is not supported; its entries are dropped");
+                drop(regions);
+                let fs = self.cfg.folio_size;
+                for f in 0..st.len / fs {
+                    self.invalidate_folio(&st, f);
+                }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------- reclaim
+
+    fn reclaim_main(self: Arc<Self>, staging: Mapping) {
+        loop {
+            {
+                let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
+                if !*k {
+                    k = self.kick.1.wait_timeout(k, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+                }
+                *k = false;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                // Unregister before the munmap: an UNMAP event would wait
+                // for a handler that may already be gone.
+                let _ = self.uffd.unregister(staging.addr(), staging.len() as u64);
+                return;
+            }
+            if self.usage() > self.high() {
+                while self.usage() > self.low() {
+                    if self.evict_batch(&staging) == 0 {
+                        break;
+                    }
+                    self.reclaimed.1.notify_all();
+                }
+            }
+            self.reclaimed.1.notify_all();
+        }
+    }
+
+    /// Picks victims by CLOCK (second chance on `referenced`).
+    fn pick_victims(&self) -> Vec<(Arc<RegionState>, usize)> {
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        let mut budget = clock.len() * 2;
+        while out.len() < self.cfg.reclaim_batch && budget > 0 {
+            budget -= 1;
+            let Some((st, f)) = clock.pop_front() else { break };
+            if st.state[f].load(Ordering::Acquire) != RESIDENT || st.mapping.lock().map_or(true, |m| m.is_none()) {
+                continue; // evicted, dropped, or its region is gone
+            }
+            if st.referenced[f].swap(false, Ordering::Relaxed) {
+                clock.push_back((st, f));
+                continue;
+            }
+            out.push((st, f));
+        }
+        out
+    }
+
+    /// Evicts one batch; returns how many folios went.
+    fn evict_batch(&self, staging: &Mapping) -> usize {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let victims = self.pick_victims();
+        // (victim, slot in staging, which pages moved)
+        let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
+        for (st, f) in victims {
+            let (lock, _) = self.stripe(&st, f);
+            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if st.state[f].load(Ordering::Acquire) != RESIDENT {
+                continue;
+            }
+            let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
+            let dst = staging.addr() + (moved.len() * fs) as u64;
+            let mut present = vec![false; ppf];
+            let mut off = 0u64;
+            while off < fs as u64 {
+                // SAFETY: src lies in a registered region and dst in our
+                // registered staging area; neither is covered by a reference.
+                match unsafe { self.uffd.move_until_hole(dst + off, src + off, fs as u64 - off) } {
+                    Ok(n) => {
+                        present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
+                        // A hole (or the end) follows what moved.
+                        off += n + PAGE_SIZE as u64;
+                    }
+                    // An event is pending; the handler reads it (it never
+                    // waits for us while we hold no EVICTING folio of its).
+                    Err(UffdError::Again { done }) => {
+                        present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
+                        off += done;
+                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                    // A page that cannot move (shared, pinned) stays mapped.
+                    Err(_) => off += PAGE_SIZE as u64,
+                }
+            }
+            st.state[f].store(EVICTING, Ordering::Release);
+            self.resident.fetch_sub(1, Ordering::Relaxed);
+            drop(g);
+            moved.push((st, f, present));
+        }
+        let n = moved.len();
+        for (slot, (st, f, present)) in moved.iter().enumerate() {
+            let base = staging.addr() as usize + slot * fs;
+            let mut ok = true;
+            let mut p = 0;
+            while p < ppf {
+                if !present[p] {
+                    p += 1;
+                    continue;
+                }
+                let run = present[p..].iter().take_while(|&&x| x).count();
+                // SAFETY: 1. these staging pages were just filled by MOVE and
+                // are mapped; 2. only this thread touches staging, and nothing
+                // changes it until the DONTNEED below, after this borrow ends.
+                let data = unsafe { std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, run * PAGE_SIZE) };
+                match self.tier.store(st.key(f * ppf + p), data) {
+                    Ok(StoreOutcome::Stored { .. }) => {}
+                    _ => ok = false,
+                }
+                p += run;
+            }
+            let (lock, cv) = self.stripe(st, *f);
+            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if ok {
+                st.state[*f].store(EVICTED, Ordering::Release);
+                inc(&self.counters.evicted_folios);
+            } else {
+                // Put the pages back where they were: the folio's range is
+                // still missing (faults on it wait for us).
+                self.invalidate_folio(st, *f);
+                let src = staging.addr() + (slot * fs) as u64;
+                let dst = st.start.load(Ordering::Acquire) + (*f * fs) as u64;
+                for (p, _) in present.iter().enumerate().filter(|(_, &x)| x) {
+                    let o = (p * PAGE_SIZE) as u64;
+                    // SAFETY: both ranges registered, unreferenced.
+                    let _ = unsafe { self.uffd.move_pages(dst + o, src + o, PAGE_SIZE as u64, false) };
+                }
+                st.state[*f].store(RESIDENT, Ordering::Release);
+                self.resident.fetch_add(1, Ordering::Relaxed);
+                self.clock.lock().unwrap_or_else(|e| e.into_inner()).push_back((Arc::clone(st), *f));
+                inc(&self.counters.eviction_rejects);
+            }
+            cv.notify_all();
+            drop(g);
+        }
+        if n > 0 {
+            // Free the staging pages. A DONTNEED of a registered range raises
+            // a REMOVE event, and until it is read every COPY fails with
+            // EAGAIN: back to back, reclaim batches would starve faults. So
+            // staging is unregistered around it (three cheap syscalls).
+            let (a, l) = (staging.addr(), staging.len() as u64);
+            let _ = self.uffd.unregister(a, l);
+            let _ = staging.dontneed(0, n * fs);
+            if let Err(e) = self.uffd.register(a, l, RegisterMode { missing: true, wp: false }) {
+                eprintln!("zmem: re-registering the staging area failed ({e}); reclaim stops");
+                self.stop.store(true, Ordering::Release);
+            }
+        }
+        n
+    }
+}

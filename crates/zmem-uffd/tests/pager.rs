@@ -1,0 +1,209 @@
+//! The pager on real userfaultfd, real threads and the real tier: every byte
+//! of every page is checked.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_compress::corpus::Corpus;
+use zmem_tier::TierConfig;
+use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_uffd::{Pager, PagerConfig, Region};
+
+/// Dropping it stops the dog; past `secs` the test process exits loudly.
+struct Watchdog {
+    _alive: std::sync::mpsc::Sender<()>,
+}
+
+fn watchdog(name: &'static str, secs: u64) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(secs)) {
+            eprintln!("{name}: hung for {secs} s; aborting");
+            std::process::exit(101);
+        }
+    });
+    Watchdog { _alive: tx }
+}
+
+const WORDS: usize = PAGE_SIZE / 8;
+
+/// Word `i` of page `p` at version `v`: a real heap page, changed by version.
+fn word(p: usize, v: u32, i: usize) -> u64 {
+    let c = Corpus::sample();
+    let src = c.page(p % c.len());
+    let w = u64::from_ne_bytes(src[i * 8..i * 8 + 8].try_into().unwrap());
+    if v == 0 {
+        w
+    } else {
+        w ^ (u64::from(v) << 32 | p as u64)
+    }
+}
+
+fn write_page(r: &Region, p: usize, v: u32) {
+    let w = r.words();
+    for i in 0..WORDS {
+        w[p * WORDS + i].store(word(p, v, i), Ordering::Relaxed);
+    }
+}
+
+fn check_page(r: &Region, p: usize, v: u32) -> usize {
+    let w = r.words();
+    (0..WORDS).filter(|&i| w[p * WORDS + i].load(Ordering::Relaxed) != word(p, v, i)).count()
+}
+
+fn pager(limit: usize) -> Pager {
+    Pager::new(PagerConfig::with_limit(limit)).expect("pager")
+}
+
+#[test]
+fn never_touched_memory_reads_zero_and_keeps_what_is_written() {
+    let _wd = watchdog("zero", 60);
+    let p = pager(64 << 20);
+    let r = p.map(1 << 20).unwrap();
+    assert!(r.words().iter().step_by(997).all(|w| w.load(Ordering::Relaxed) == 0));
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, 1);
+    }
+    for pg in 0..r.len() / PAGE_SIZE {
+        assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+    }
+    let s = p.stats();
+    assert_eq!(s.zero_faults, 16, "one fault per 64 KiB folio: {s:?}");
+}
+
+#[test]
+fn a_region_4x_the_limit_survives_8_threads_of_random_reads_and_writes() {
+    let _wd = watchdog("4x", 300);
+    let limit = 8 << 20;
+    let p = Arc::new(pager(limit));
+    let r = Arc::new(p.map(4 * limit).unwrap());
+    let pages = r.len() / PAGE_SIZE;
+    let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            let (r, versions, mismatches, p) = (Arc::clone(&r), Arc::clone(&versions), &mismatches, Arc::clone(&p));
+            s.spawn(move || {
+                let mut x = (t as u64 + 1) * 0x9E37_79B9;
+                for op in 0..1500 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Each thread owns the pages = t mod 8.
+                    let pg = ((x as usize >> 8) % (pages / 8)) * 8 + t;
+                    let v = versions[pg].load(Ordering::Relaxed);
+                    if x & 3 == 0 || v == 0 {
+                        write_page(&r, pg, v + 1);
+                        versions[pg].store(v + 1, Ordering::Relaxed);
+                    } else {
+                        mismatches.fetch_add(check_page(&r, pg, v), Ordering::Relaxed);
+                    }
+                    if t == 0 && op == 700 {
+                        p.tier().set_compressor("zstd:1".parse().unwrap()).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    for pg in 0..pages {
+        let v = versions[pg].load(Ordering::Relaxed);
+        if v > 0 {
+            mismatches.fetch_add(check_page(&r, pg, v), Ordering::Relaxed);
+        }
+    }
+    let s = p.stats();
+    assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
+    assert!(s.evicted_folios > 0 && s.load_faults > 0, "the limit forced eviction and reloads: {s:?}");
+    assert!(s.usage_bytes as usize <= limit + limit / 4, "usage stays near the limit: {s:?}");
+}
+
+#[test]
+fn writes_racing_eviction_are_never_lost() {
+    let _wd = watchdog("race", 120);
+    let p = Arc::new(pager(4 << 20));
+    let r = Arc::new(p.map(8 << 20).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let (p2, r2, stop2) = (Arc::clone(&p), Arc::clone(&r), Arc::clone(&stop));
+        s.spawn(move || {
+            // Fill everything so that reclaim has plenty to evict, repeatedly.
+            while !stop2.load(Ordering::Relaxed) {
+                for pg in (0..r2.len() / PAGE_SIZE).step_by(16) {
+                    r2.words()[pg * WORDS].fetch_add(0, Ordering::Relaxed);
+                }
+                p2.reclaim_now();
+            }
+        });
+        // Counters in the first word of 64 pages, incremented while their
+        // folios are being evicted and reloaded.
+        for round in 1..=200u64 {
+            for pg in 0..64 {
+                r.words()[pg * WORDS * 16].fetch_add(1, Ordering::Relaxed);
+            }
+            if round % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for pg in 0..64 {
+        assert_eq!(r.words()[pg * WORDS * 16].load(Ordering::Relaxed), 200, "page {}", pg * 16);
+    }
+    let s = p.stats();
+    assert!(s.evicted_folios > 0, "{s:?}");
+}
+
+#[test]
+fn madvise_dontneed_drops_evicted_entries() {
+    let _wd = watchdog("madvise", 60);
+    let p = pager(4 << 20);
+    let r = p.map(16 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, 3);
+    }
+    p.reclaim_now();
+    let stored = p.tier().stats().stored_pages + p.tier().stats().swap_pages;
+    assert!(stored > 0);
+    // Drop the first 4 MiB: the kernel tells the handler, which drops the entries.
+    // SAFETY: the range is our region's, reached only through atomics.
+    unsafe { rustix::mm::madvise(r.addr() as *mut _, 4 << 20, rustix::mm::Advice::LinuxDontNeed) }.unwrap();
+    // madvise returns once the event is read; the faults below are served
+    // after it is handled. The dropped range reads as zeros without a single
+    // load from the tier.
+    let loads = p.tier().stats().zswpin;
+    for pg in 0..1024 {
+        assert!(r.words()[pg * WORDS..(pg + 1) * WORDS].iter().all(|w| w.load(Ordering::Relaxed) == 0), "page {pg}");
+    }
+    assert_eq!(p.tier().stats().zswpin, loads, "the dropped range was served from stale entries");
+    for pg in 1024..r.len() / PAGE_SIZE {
+        assert_eq!(check_page(&r, pg, 3), 0, "page {pg}");
+    }
+    // Region::drop frees the entries of evicted folios; those of the dropped
+    // range must already be gone, or they would be left behind here.
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
+}
+
+#[test]
+fn dropping_a_region_frees_its_entries_and_the_swap_file_serves_faults() {
+    let _wd = watchdog("swap", 120);
+    let limit = 4 << 20;
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.tier = TierConfig { max_pool_bytes: Some(1 << 20), memory_budget: limit, ..TierConfig::default() };
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, 9);
+    }
+    p.reclaim_now();
+    for pg in 0..r.len() / PAGE_SIZE {
+        assert_eq!(check_page(&r, pg, 9), 0, "page {pg}");
+    }
+    let t = p.tier().stats();
+    assert!(t.written_back_pages > 0, "the small pool wrote back to the swap file: {t:?}");
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
+}
