@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_compress;
+mod bench_fault;
 mod bench_tier;
 mod bench_zsmalloc;
 
@@ -43,6 +44,8 @@ enum BenchCmd {
     Compress(bench_compress::Args),
     /// Pool overhead and malloc/free throughput of the zsmalloc-style pool.
     Zsmalloc(bench_zsmalloc::Args),
+    /// Fault latency (p50/p99 per 4 KiB) of the userfaultfd pager: zero-fill, pool, swap file.
+    Fault(bench_fault::Args),
     /// Store and load MB/s through the tier, with writeback off and on, and writeback MB/s.
     Tier(bench_tier::Args),
 }
@@ -68,6 +71,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Compress(args) } => bench_compress::run(&args),
         Cmd::Bench { what: BenchCmd::Zsmalloc(args) } => bench_zsmalloc::run(&args),
         Cmd::Bench { what: BenchCmd::Tier(args) } => bench_tier::run(&args),
+        Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
         Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
     }
 }

@@ -117,3 +117,18 @@ fn bench_tier_verifies_and_reports_both_modes() {
     let (ok, _, err) = run(&["bench", "tier", "--compressor", "lz9"]);
     assert!(!ok && err.contains("unknown codec"), "{err}");
 }
+
+#[test]
+fn bench_fault_measures_every_kind_of_fault() {
+    let (ok, out, err) = run(&["bench", "fault", "--limit-mib", "16", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    for k in ["zero_fill", "pool", "swap"] {
+        assert!(r[k]["faults"].as_u64().unwrap() > 10, "{k} in {r}");
+        let (p50, p99) = (r[k]["p50_us_per_4k"].as_f64().unwrap(), r[k]["p99_us_per_4k"].as_f64().unwrap());
+        assert!(p50 > 0.0 && p99 >= p50, "{k} in {r}");
+    }
+    assert!(r["evicted_mib"].as_u64().unwrap() > 0, "{r}");
+    let (ok, _, err) = run(&["bench", "fault", "--folio-kib", "48"]);
+    assert!(!ok && err.contains("power of two"), "{err}");
+}
