@@ -319,15 +319,31 @@ impl Uffd {
     /// 2. no Rust reference covers `[dst, dst + len)` (the kernel writes it).
     pub unsafe fn copy(&self, dst: u64, src: *const u8, len: u64, dontwake: bool) -> Result<u64, UffdError> {
         let mode = if dontwake { u64::from(uapi::UFFDIO_COPY_MODE_DONTWAKE) } else { 0 };
-        let mut done = 0;
-        while done < len {
+        self.fill("UFFDIO_COPY", dst, len, dontwake, |done| {
             let mut c = uapi::uffdio_copy { dst: dst + done, src: src as u64 + done, len: len - done, mode, copy: 0 };
             // SAFETY: one struct uffdio_copy in and out; the caller's
             // contract covers the memory the kernel reads and writes.
             let r = unsafe { call::<{ nr::UFFDIO_COPY }, _>(self.fd.as_fd(), &mut c) };
-            let progress = c.copy > 0;
+            (r, c.copy)
+        })
+    }
+
+    /// The progress loop of COPY and ZEROPAGE: `step(done)` issues the ioctl
+    /// for what is left and returns its result and the kernel's byte count.
+    fn fill(
+        &self,
+        op: &'static str,
+        dst: u64,
+        len: u64,
+        dontwake: bool,
+        mut step: impl FnMut(u64) -> (rustix::io::Result<()>, i64),
+    ) -> Result<u64, UffdError> {
+        let mut done = 0;
+        while done < len {
+            let (r, n) = step(done);
+            let progress = n > 0;
             if progress {
-                done += c.copy as u64;
+                done += n as u64;
             }
             match r {
                 Ok(()) => {}
@@ -339,7 +355,7 @@ impl Uffd {
                     }
                     return Ok(done);
                 }
-                Err(e) => return Err(Self::err("UFFDIO_COPY", dst + done, len - done)(e)),
+                Err(e) => return Err(Self::err(op, dst + done, len - done)(e)),
             }
         }
         Ok(done)
@@ -355,8 +371,7 @@ impl Uffd {
     /// No Rust reference covers `[dst, dst + len)`.
     pub unsafe fn zeropage(&self, dst: u64, len: u64, dontwake: bool) -> Result<u64, UffdError> {
         let mode = if dontwake { u64::from(uapi::UFFDIO_ZEROPAGE_MODE_DONTWAKE) } else { 0 };
-        let mut done = 0;
-        while done < len {
+        self.fill("UFFDIO_ZEROPAGE", dst, len, dontwake, |done| {
             let mut z = uapi::uffdio_zeropage {
                 range: uapi::uffdio_range { start: dst + done, len: len - done },
                 mode,
@@ -365,24 +380,8 @@ impl Uffd {
             // SAFETY: one struct uffdio_zeropage in and out; the caller's
             // contract covers the range the kernel maps.
             let r = unsafe { call::<{ nr::UFFDIO_ZEROPAGE }, _>(self.fd.as_fd(), &mut z) };
-            let progress = z.zeropage > 0;
-            if progress {
-                done += z.zeropage as u64;
-            }
-            match r {
-                Ok(()) => {}
-                Err(Errno::AGAIN) if progress => continue,
-                Err(Errno::AGAIN) => return Err(UffdError::Again { done }),
-                Err(Errno::EXIST) => {
-                    if !dontwake {
-                        self.wake(dst, len)?;
-                    }
-                    return Ok(done);
-                }
-                Err(e) => return Err(Self::err("UFFDIO_ZEROPAGE", dst + done, len - done)(e)),
-            }
-        }
-        Ok(done)
+            (r, z.zeropage)
+        })
     }
 
     /// Moves the pages of `[src, src + len)` to the missing range at `dst`

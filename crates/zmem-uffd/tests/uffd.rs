@@ -3,28 +3,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+mod common;
+
+use common::watchdog;
 use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Event, Features, Mapping, OpenMode, RegisterMode, Uffd};
 
 const MISSING: RegisterMode = RegisterMode { missing: true, wp: false };
-
-/// Ends the test process if a test runs past `secs`: a thread blocked in a
-/// fault or in madvise whose event nobody reads would otherwise hang CI.
-/// Dropping it (the test ended) disconnects the channel and stops the dog.
-struct Watchdog {
-    _alive: std::sync::mpsc::Sender<()>,
-}
-
-fn watchdog(name: &'static str, secs: u64) -> Watchdog {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(secs)) {
-            eprintln!("{name}: hung for {secs} s (a fault or event nobody served); aborting");
-            std::process::exit(101);
-        }
-    });
-    Watchdog { _alive: tx }
-}
 
 fn uffd(f: Features) -> Uffd {
     Uffd::open(OpenMode::Auto, f).expect("userfaultfd (this machine allows it)")
