@@ -268,8 +268,16 @@ impl Drop for Region {
                 inner.invalidate_folio(st, f);
             }
         }
-        // Unregistered, so munmap raises no event.
-        drop(st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take());
+        // Unregistered, so munmap raises no event. The region may have been
+        // mremapped since it was mapped: unmap it where it is now.
+        if let Some(m) = st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            std::mem::forget(m);
+            // SAFETY: [addr, addr + len) is this region's mapping at its
+            // current address (tracked through Remap events); nothing refers
+            // into it once the Region is gone.
+            let r = unsafe { rustix::mm::munmap(addr as *mut _, st.len) };
+            debug_assert!(r.is_ok(), "munmap of a region failed: {r:?}");
+        }
     }
 }
 

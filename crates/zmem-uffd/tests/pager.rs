@@ -200,3 +200,40 @@ fn dropping_a_region_frees_its_entries_and_the_swap_file_serves_faults() {
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
 }
+
+#[test]
+fn a_whole_region_mremap_moves_its_resident_and_evicted_pages() {
+    let _wd = watchdog("mremap", 60);
+    let p = pager(4 << 20);
+    let r = p.map(16 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, 5);
+    }
+    p.reclaim_now();
+    assert!(p.stats().evicted_folios > 0);
+    let old = r.addr();
+    // mremap waits until the handler has read the event; it updates the
+    // region's address when it handles it, before any later fault.
+    // A target range of our own, replaced by the move.
+    let target = zmem_uffd::Mapping::new(r.len()).unwrap();
+    let to = target.addr();
+    std::mem::forget(target);
+    // SAFETY: moves our region (reached only through atomics) over our own
+    // forgotten target range; the pager follows via the Remap event.
+    let new = unsafe {
+        rustix::mm::mremap_fixed(old as *mut _, r.len(), r.len(), rustix::mm::MremapFlags::MAYMOVE, to as *mut _)
+    }
+    .unwrap() as u64;
+    assert_ne!(new, old, "the region really moved");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while r.addr() != new && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(r.addr(), new, "the pager followed the region");
+    for pg in 0..r.len() / PAGE_SIZE {
+        assert_eq!(check_page(&r, pg, 5), 0, "page {pg} after the move");
+    }
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
+}
