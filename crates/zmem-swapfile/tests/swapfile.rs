@@ -1,13 +1,15 @@
 //! The swap file on real files: round-trips, encryption on disk, corruption,
 //! a full file, and ENOSPC from a small tmpfs.
 
+#[path = "common/small_fs.rs"]
+mod small_fs;
+
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use small_fs::SmallFs;
 use zmem_swapfile::{SwapError, SwapFile, SwapFileConfig};
 use zmem_zsmalloc::{Mempool, MempoolConfig, PAGE_SIZE};
 
@@ -88,42 +90,9 @@ fn a_full_file_is_no_space_and_frees_its_slots() {
     assert!(matches!(sf.free(9999), Err(SwapError::NotInUse { .. })));
 }
 
-/// A tmpfs of a few pages, mounted for the test and removed after, even on panic.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(kib: usize) -> Option<SmallFs> {
-        let dir = std::env::temp_dir().join(format!("zmem-enospc-{}-{kib}", std::process::id()));
-        std::fs::create_dir_all(&dir).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            Some(SmallFs(dir))
-        } else {
-            let _ = std::fs::remove_dir(&dir);
-            None
-        }
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 #[test]
 fn enospc_from_the_filesystem_loses_nothing() {
-    let Some(fs) = SmallFs::mount(64) else {
-        // Mounting needs root (CI runs as root); say so loudly rather than pass quietly.
-        eprintln!("SKIPPED enospc_from_the_filesystem_loses_nothing: cannot mount tmpfs (not root?)");
-        assert_ne!(rustix::process::geteuid().as_raw(), 0, "root could not mount a tmpfs");
-        return;
-    };
+    let Some(fs) = SmallFs::mount(64, "enospc_from_the_filesystem_loses_nothing") else { return };
     let sf =
         SwapFile::create(&SwapFileConfig { dir: fs.0.clone(), encrypt: true, max_bytes: 1 << 30 }, mempool()).unwrap();
     let pages: Vec<Vec<u8>> = (0..64).map(page).collect();

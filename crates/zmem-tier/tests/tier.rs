@@ -3,11 +3,13 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
+#[path = "../../zmem-swapfile/tests/common/small_fs.rs"]
+mod small_fs;
+
 use proptest::prelude::*;
+use small_fs::SmallFs;
 use zmem_compress::corpus::Corpus;
 use zmem_compress::{CodecSpec, CompressError, Compressor, DecompressError, Sequential, PAGE_SIZE};
 use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, Stored, Tier, TierConfig, TierError};
@@ -296,39 +298,9 @@ fn a_pool_that_cannot_allocate_rejects_and_keeps_the_rest() {
     }
 }
 
-/// A tmpfs of `kib` KiB, mounted for the test and removed after.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(kib: usize) -> Option<SmallFs> {
-        let dir = std::env::temp_dir().join(format!("zmem-tier-enospc-{}-{kib}", std::process::id()));
-        std::fs::create_dir_all(&dir).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::fs::remove_dir(&dir);
-        }
-        ok.then_some(SmallFs(dir))
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 #[test]
 fn enospc_during_writeback_keeps_every_entry() {
-    let Some(fs) = SmallFs::mount(128) else {
-        eprintln!("SKIPPED enospc_during_writeback_keeps_every_entry: cannot mount tmpfs (not root?)");
-        assert_ne!(rustix::process::geteuid().as_raw(), 0, "root could not mount a tmpfs");
-        return;
-    };
+    let Some(fs) = SmallFs::mount(128, "enospc_during_writeback_keeps_every_entry") else { return };
     let t = Tier::new(cfg(64 << 20, true).with_swap_dir(fs.0.clone(), true)).unwrap();
     for k in 0..400 {
         t.store(k, corpus().page(k as usize)).unwrap();
