@@ -5,7 +5,13 @@
 //!   whole folio and maps it with one COPY);
 //! - swap: the same with a pool so small that the folios were written back;
 //! - fill: writing real pages into a region four times the limit, eviction
-//!   included (MB/s).
+//!   included (MB/s);
+//! - refault: a hot set (10% of the limit) taking 80% of random writes and
+//!   a cold set (4x the limit) the rest: the share of hot touches that find
+//!   their folio evicted, with write tracking on and off (same run).
+//!
+//! `--handlers`, `--spin-us` and `--pin` set the handler threads, their
+//! busy-poll time and whether they share the faulting thread's CPU.
 //!
 //! Latencies are per 4 KiB (a folio's fault divided by its pages), measured
 //! on the touching thread, so they include the wake-up of the handler.
@@ -29,8 +35,29 @@ pub struct Args {
     /// Folio size, KiB.
     #[arg(long, default_value_t = 64)]
     folio_kib: usize,
+    /// Handler threads.
+    #[arg(long, default_value_t = 1)]
+    handlers: usize,
+    /// Busy-poll this long for the next fault before blocking, µs.
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
+    /// Pin the measuring thread to CPU 0 and the handlers to the same CPU
+    /// (`same`), to CPU 1 (`other`), or pin nothing (`none`).
+    #[arg(long, default_value = "none", value_parser = ["none", "same", "other"])]
+    pin: String,
+    /// Turn write tracking off for the latency and fill parts.
+    #[arg(long)]
+    no_track_writes: bool,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Refault {
+    hot_touches: u64,
+    hot_refault_percent_tracked: f64,
+    hot_refault_percent_faults_only: f64,
+    write_checks: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,6 +76,10 @@ struct Report {
     swap: Latency,
     fill_mbps_with_eviction: f64,
     evicted_mib: u64,
+    refault: Refault,
+    handlers: usize,
+    spin_us: u64,
+    pin: String,
 }
 
 fn latency(mut ns: Vec<u64>, pages_per_folio: usize) -> Latency {
@@ -87,11 +118,50 @@ fn touch_loaded(p: &Pager, r: &Region, folio: usize) -> Vec<u64> {
     out
 }
 
-fn pager(limit: usize, folio: usize, tier: TierConfig) -> Result<Pager> {
+fn pager(args: &Args, limit: usize, folio: usize, tier: TierConfig) -> Result<Pager> {
     let mut cfg = PagerConfig::with_limit(limit);
     cfg.folio_size = folio;
     cfg.tier = tier;
+    cfg.handler_threads = args.handlers;
+    cfg.track_writes = !args.no_track_writes;
+    cfg.handler_spin = std::time::Duration::from_micros(args.spin_us);
+    cfg.handler_cpus = match args.pin.as_str() {
+        "same" => vec![0],
+        "other" => vec![1],
+        _ => Vec::new(),
+    };
     Ok(Pager::new(cfg)?)
+}
+
+/// The hot/cold refault experiment; returns (hot touches, hot refaults,
+/// write checks).
+fn refault(args: &Args, limit: usize, folio: usize, track_writes: bool) -> Result<(u64, u64, u64)> {
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.folio_size = folio;
+    cfg.track_writes = track_writes;
+    cfg.handler_threads = args.handlers;
+    let p = Pager::new(cfg)?;
+    let hot_len = limit / 10;
+    let r = p.map(hot_len + 4 * limit)?;
+    let (hot_pages, cold_pages) = (hot_len / PAGE_SIZE, 4 * limit / PAGE_SIZE);
+    let w = r.words();
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let (mut touches, mut refaults) = (0u64, 0u64);
+    for _ in 0..(16 * cold_pages) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let pg = if x % 10 < 8 {
+            let pg = (x >> 8) as usize % hot_pages;
+            touches += 1;
+            refaults += u64::from(!r.is_resident(pg * PAGE_SIZE));
+            pg
+        } else {
+            hot_pages + (x >> 8) as usize % cold_pages
+        };
+        w[pg * 512 + (x >> 40) as usize % 512].fetch_add(1, Ordering::Relaxed);
+    }
+    Ok((touches, refaults, p.stats().write_scans))
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -99,11 +169,19 @@ pub fn run(args: &Args) -> Result<()> {
     if !folio.is_power_of_two() || !(4..=2048).contains(&args.folio_kib) || args.limit_mib < 16 {
         bail!("--folio-kib must be a power of two in 4..=2048 and --limit-mib at least 16");
     }
+    if !(1..=16).contains(&args.handlers) {
+        bail!("--handlers must be in 1..=16");
+    }
     let limit = args.limit_mib << 20;
     let ppf = folio / PAGE_SIZE;
+    if args.pin != "none" {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(0);
+        rustix::thread::sched_setaffinity(None, &set)?;
+    }
 
     // Zero-fill.
-    let p = pager(limit, folio, TierConfig { memory_budget: limit, ..TierConfig::default() })?;
+    let p = pager(args, limit, folio, TierConfig { memory_budget: limit, ..TierConfig::default() })?;
     let r = p.map(limit / 2)?;
     let mut zero = Vec::new();
     for f in 0..r.len() / folio {
@@ -116,7 +194,8 @@ pub fn run(args: &Args) -> Result<()> {
 
     // Fill 4x the limit (eviction included), then fault the evicted folios
     // back from the pool. The pool may take the whole limit here.
-    let p = pager(limit, folio, TierConfig { memory_budget: limit, max_pool_percent: 100, ..TierConfig::default() })?;
+    let p =
+        pager(args, limit, folio, TierConfig { memory_budget: limit, max_pool_percent: 100, ..TierConfig::default() })?;
     let r = p.map(2 * limit)?;
     let t = Instant::now();
     fill(&r);
@@ -128,6 +207,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     // The same through a tiny pool: the folios come from the swap file.
     let p = pager(
+        args,
         limit,
         folio,
         TierConfig { memory_budget: limit, max_pool_bytes: Some(2 << 20), ..TierConfig::default() },
@@ -139,6 +219,10 @@ pub fn run(args: &Args) -> Result<()> {
     drop(r);
     drop(p);
 
+    let (touches, tracked, checks) = refault(args, limit, folio, true)?;
+    let (_, untracked, _) = refault(args, limit, folio, false)?;
+    let pct = |n: u64| 100.0 * n as f64 / touches.max(1) as f64;
+
     let rep = Report {
         limit_mib: args.limit_mib,
         folio_kib: args.folio_kib,
@@ -147,6 +231,15 @@ pub fn run(args: &Args) -> Result<()> {
         swap: latency(swap, ppf),
         fill_mbps_with_eviction: (2 * limit) as f64 / fill_secs / 1e6,
         evicted_mib: evicted >> 20,
+        refault: Refault {
+            hot_touches: touches,
+            hot_refault_percent_tracked: pct(tracked),
+            hot_refault_percent_faults_only: pct(untracked),
+            write_checks: checks,
+        },
+        handlers: args.handlers,
+        spin_us: args.spin_us,
+        pin: args.pin.clone(),
     };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -156,8 +249,8 @@ pub fn run(args: &Args) -> Result<()> {
     }
     writeln!(
         out,
-        "pager limit {} MiB, {} KiB folios; latency per 4 KiB, measured on the faulting thread",
-        rep.limit_mib, rep.folio_kib
+        "pager limit {} MiB, {} KiB folios, {} handler(s), spin {} us, pin {}; latency per 4 KiB, measured on the faulting thread",
+        rep.limit_mib, rep.folio_kib, rep.handlers, rep.spin_us, rep.pin
     )?;
     for (name, l) in [("zero-fill", &rep.zero_fill), ("from pool", &rep.pool), ("from swap", &rep.swap)] {
         writeln!(
@@ -173,6 +266,14 @@ pub fn run(args: &Args) -> Result<()> {
         rep.fill_mbps_with_eviction,
         rep.evicted_mib,
         wb
+    )?;
+    writeln!(
+        out,
+        "refault (hot 10% of the limit takes 80% of writes): {:.2}% of {} hot touches found their folio evicted with write tracking, {:.2}% with fault-ins only ({:.1}x)",
+        rep.refault.hot_refault_percent_tracked,
+        rep.refault.hot_touches,
+        rep.refault.hot_refault_percent_faults_only,
+        rep.refault.hot_refault_percent_faults_only / rep.refault.hot_refault_percent_tracked.max(1e-9)
     )?;
     Ok(())
 }

@@ -339,6 +339,13 @@ impl Tier {
         self.group_pages.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
+    /// A cheap estimate of the memory the tier's entries take: a tree entry
+    /// per page in the pool or same-filled (written-back entries and the
+    /// pools' own metadata are counted by [`TierStats::memory_bytes`]).
+    pub fn entry_metadata_bytes(&self) -> usize {
+        self.counters.stored_pages.load(Ordering::Relaxed) as usize * (std::mem::size_of::<Entry>() + 16)
+    }
+
     fn writeback_enabled(&self) -> bool {
         self.cfg.writeback && self.swap.is_some()
     }

@@ -25,15 +25,17 @@
 //! # Accounting and reclaim
 //! Usage is resident folios plus the tier's pool plus this pager's
 //! metadata. Above the high watermark the reclaim thread evicts, in batches
-//! of `reclaim_batch` folios, down to the low watermark, choosing victims by
-//! CLOCK: a folio faulted in is referenced, and the hand clears the bit and
-//! passes it over once. A fault that finds usage above the limit kicks
+//! of `reclaim_batch` folios, down to the low watermark, choosing victims
+//! from an active and an inactive list (see `pick_victims`). A folio counts
+//! as accessed when it was written since it was last looked at (UFFD
+//! WP_ASYNC plus PAGEMAP_SCAN, when the kernel offers them), or else when it
+//! was faulted in. A fault that finds usage above the limit kicks
 //! reclaim and waits for it, at most `direct_reclaim_wait` (so a fault never
 //! hangs).
 //!
 //! # Lock order
 //! 1. a folio stripe lock (one of 256, by folio index); never two at once;
-//! 2. inside it: the tier (its own order), the CLOCK list mutex (a leaf).
+//! 2. inside it: the tier (its own order), the reclaim lists' mutex (a leaf).
 //!
 //! The regions table is an `RwLock`, read by the handler, written by
 //! map/unmap, never held across a stripe lock or a tier call.
@@ -65,7 +67,7 @@ use thiserror::Error;
 use zmem_tier::{LoadOutcome, StoreOutcome, Tier, TierConfig, TierError};
 
 use crate::mapping::{Mapping, PAGE_SIZE};
-use crate::sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};
+use crate::sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError, WriteTracker};
 
 /// What became of a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +111,21 @@ pub struct PagerConfig {
     pub reclaim_batch: usize,
     /// The longest a fault waits for reclaim when usage is over the limit.
     pub direct_reclaim_wait: Duration,
+    /// Threads reading faults from the userfaultfd (1..=16).
+    pub handler_threads: usize,
+    /// How long a handler busy-polls for the next fault before it blocks in
+    /// poll(2). Zero blocks at once: on a 2-vCPU guest a spinning handler
+    /// takes a CPU from the program (see `zmem bench fault --spin-us`).
+    pub handler_spin: Duration,
+    /// CPUs the handler threads are pinned to, round-robin; empty: no pinning.
+    pub handler_cpus: Vec<usize>,
+    /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
+    /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
+    /// referenced only when it is faulted in.
+    pub track_writes: bool,
+    /// Run first on every thread the pager starts (the LD_PRELOAD shim marks
+    /// its internal threads with it, so their allocations stay unmanaged).
+    pub thread_init: Option<fn()>,
     pub tier: TierConfig,
 }
 
@@ -125,6 +142,11 @@ impl PagerConfig {
             folio_size: 64 << 10,
             reclaim_batch: 8,
             direct_reclaim_wait: Duration::from_millis(20),
+            handler_threads: 1,
+            handler_spin: Duration::ZERO,
+            handler_cpus: Vec::new(),
+            track_writes: true,
+            thread_init: None,
             tier: TierConfig { memory_budget: limit, max_pool_percent: 50, ..TierConfig::default() },
         }
     }
@@ -146,8 +168,18 @@ pub struct PagerStats {
     /// Folios whose store was rejected and which were put back.
     pub eviction_rejects: u64,
     pub direct_reclaim_waits: u64,
+    /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
+    pub write_scans: u64,
+    /// Folios found written, which CLOCK then passes over once.
+    pub written_folios: u64,
     pub resident_bytes: u64,
+    /// The pager's metadata: its folio tables, the CLOCK queue and the
+    /// tier's entries (an estimate).
+    pub metadata_bytes: u64,
+    /// Resident bytes plus the pool plus metadata: what the limit bounds.
     pub usage_bytes: u64,
+    /// Whether CLOCK's referenced bits are refreshed from write tracking.
+    pub tracking_writes: bool,
 }
 
 #[derive(Debug, Default)]
@@ -159,13 +191,22 @@ struct Counters {
     evicted_folios: AtomicU64,
     eviction_rejects: AtomicU64,
     direct_reclaim_waits: AtomicU64,
+    write_scans: AtomicU64,
+    written_folios: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A region's bookkeeping: 2 bytes per folio.
+/// The reclaim lists (a folio is in at most one, once: `queued`).
+#[derive(Debug, Default)]
+struct Lru {
+    active: VecDeque<(Arc<RegionState>, usize)>,
+    inactive: VecDeque<(Arc<RegionState>, usize)>,
+}
+
+/// A region's bookkeeping: 3 bytes per folio.
 #[derive(Debug)]
 struct RegionState {
     id: u32,
@@ -174,6 +215,9 @@ struct RegionState {
     len: usize,
     state: Box<[AtomicU8]>,
     referenced: Box<[AtomicBool]>,
+    /// The folio has an entry in the CLOCK queue (at most one, so the hand
+    /// passes each folio once per sweep).
+    queued: Box<[AtomicBool]>,
 }
 
 impl RegionState {
@@ -188,8 +232,13 @@ struct Inner {
     tier: Tier,
     regions: RwLock<BTreeMap<u64, Arc<RegionState>>>,
     stripes: Vec<(Mutex<()>, Condvar)>,
-    clock: Mutex<VecDeque<(Arc<RegionState>, usize)>>,
+    clock: Mutex<Lru>,
     resident: AtomicUsize,
+    /// Bytes of folio tables of live regions.
+    tables: AtomicUsize,
+    /// Entries in the CLOCK queue (some may be stale).
+    clock_len: AtomicUsize,
+    tracking: bool,
     next_region: AtomicU32,
     counters: Counters,
     stop: AtomicBool,
@@ -234,6 +283,13 @@ impl Region {
         self.state.len == 0
     }
 
+    /// Whether the folio holding byte `offset` is resident (mapped, not
+    /// evicted or being evicted): `mincore` for a region.
+    pub fn is_resident(&self, offset: usize) -> bool {
+        let f = offset / self.inner.cfg.folio_size;
+        self.state.state.get(f).is_some_and(|s| s.load(Ordering::Acquire) == RESIDENT)
+    }
+
     /// The region as atomic words, for the lifetime of the region (touching
     /// a page faults it in).
     pub fn words(&self) -> &[AtomicU64] {
@@ -268,6 +324,7 @@ impl Drop for Region {
                 inner.invalidate_folio(st, f);
             }
         }
+        inner.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -305,18 +362,23 @@ impl Pager {
                 4 * fs * cfg.reclaim_batch
             )));
         }
-        let uffd = Uffd::open(
-            OpenMode::Auto,
-            Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP,
-        )?;
+        if !(1..=16).contains(&cfg.handler_threads) {
+            return Err(PagerError::Config(format!("handler_threads {} must be in 1..=16", cfg.handler_threads)));
+        }
+        let want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
+        let tracking = cfg.track_writes && Uffd::offered(OpenMode::Auto)?.contains(Features::WP_ASYNC);
+        let uffd = Uffd::open(OpenMode::Auto, if tracking { want | Features::WP_ASYNC } else { want })?;
         // Loads keep their entries until the folio is mapped: a COPY can fail
         // with EAGAIN (an unread event), and the pages must survive a retry.
         let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
         let inner = Arc::new(Inner {
             stripes: (0..STRIPES).map(|_| (Mutex::new(()), Condvar::new())).collect(),
-            clock: Mutex::new(VecDeque::new()),
+            clock: Mutex::new(Lru::default()),
             regions: RwLock::new(BTreeMap::new()),
             resident: AtomicUsize::new(0),
+            tables: AtomicUsize::new(0),
+            clock_len: AtomicUsize::new(0),
+            tracking,
             next_region: AtomicU32::new(1),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
@@ -327,19 +389,30 @@ impl Pager {
             cfg,
         });
         let staging = Mapping::new(inner.cfg.folio_size * inner.cfg.reclaim_batch).map_err(PagerError::Map)?;
-        inner.uffd.register(staging.addr(), staging.len() as u64, RegisterMode { missing: true, wp: false })?;
-        let h = Arc::clone(&inner);
+        // Staging shares the regions' registration mode: UFFDIO_MOVE needs
+        // both sides to have the same page protection, and WP registration
+        // changes it.
+        inner.uffd.register(staging.addr(), staging.len() as u64, inner.register_mode())?;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let init = inner.cfg.thread_init;
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    if let Some(init) = init {
+                        init();
+                    }
+                    f();
+                })
+                .map_err(|e| PagerError::Config(format!("spawn a pager thread: {e}")))
+        };
+        let mut threads = Vec::new();
+        for i in 0..inner.cfg.handler_threads {
+            let h = Arc::clone(&inner);
+            let cpu = (!h.cfg.handler_cpus.is_empty()).then(|| h.cfg.handler_cpus[i % h.cfg.handler_cpus.len()]);
+            threads.push(spawn(format!("zmem-handler-{i}"), Box::new(move || h.handler_main(cpu)))?);
+        }
         let r = Arc::clone(&inner);
-        let threads = vec![
-            std::thread::Builder::new()
-                .name("zmem-uffd-handler".into())
-                .spawn(move || h.handler_main())
-                .map_err(|e| PagerError::Config(format!("spawn handler: {e}")))?,
-            std::thread::Builder::new()
-                .name("zmem-reclaim".into())
-                .spawn(move || r.reclaim_main(staging))
-                .map_err(|e| PagerError::Config(format!("spawn reclaim: {e}")))?,
-        ];
+        threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
         Ok(Pager { inner, threads })
     }
 
@@ -356,8 +429,9 @@ impl Pager {
         // SAFETY: the range is our fresh mapping; DONTFORK changes only what
         // a child inherits.
         unsafe { rustix::mm::madvise(addr as *mut _, len, advice) }.map_err(PagerError::Map)?;
-        self.inner.uffd.register(addr, len as u64, RegisterMode { missing: true, wp: false })?;
+        self.inner.uffd.register(addr, len as u64, self.inner.register_mode())?;
         let nf = len / fs;
+        self.inner.tables.fetch_add(nf * 3, Ordering::Relaxed);
         let state = Arc::new(RegionState {
             id: self.inner.next_region.fetch_add(1, Ordering::Relaxed),
             start: AtomicU64::new(addr),
@@ -365,6 +439,7 @@ impl Pager {
             len,
             state: (0..nf).map(|_| AtomicU8::new(NEVER)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         });
         self.inner.regions.write().unwrap_or_else(|e| e.into_inner()).insert(addr, Arc::clone(&state));
         Ok(Region { state, inner: Arc::clone(&self.inner) })
@@ -385,8 +460,12 @@ impl Pager {
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
             direct_reclaim_waits: r(&c.direct_reclaim_waits),
+            write_scans: r(&c.write_scans),
+            written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
+            metadata_bytes: self.inner.metadata() as u64,
             usage_bytes: self.inner.usage() as u64,
+            tracking_writes: self.inner.tracking,
         }
     }
 
@@ -418,7 +497,17 @@ impl Drop for Pager {
 
 impl Inner {
     fn usage(&self) -> usize {
-        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size + self.tier.pool_total_size()
+        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size + self.tier.pool_total_size() + self.metadata()
+    }
+
+    fn metadata(&self) -> usize {
+        self.tables.load(Ordering::Relaxed)
+            + self.clock_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
+            + self.tier.entry_metadata_bytes()
+    }
+
+    fn register_mode(&self) -> RegisterMode {
+        RegisterMode { missing: true, wp: self.tracking }
     }
 
     fn high(&self) -> usize {
@@ -453,18 +542,39 @@ impl Inner {
 
     // ---------------------------------------------------------------- faults
 
-    fn handler_main(self: Arc<Self>) {
+    fn handler_main(self: Arc<Self>, cpu: Option<usize>) {
+        if let Some(cpu) = cpu {
+            let mut set = rustix::thread::CpuSet::new();
+            set.set(cpu);
+            if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                eprintln!("zmem: pinning a handler to CPU {cpu} failed: {e}");
+            }
+        }
         let mut bounce = vec![0u8; self.cfg.folio_size];
         let mut pending: VecDeque<u64> = VecDeque::new();
+        let spin = self.cfg.handler_spin;
+        let mut last_event = Instant::now();
         loop {
             if self.stop.load(Ordering::Acquire) && self.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
                 return;
             }
-            let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
-            if self.uffd.wait(Some(timeout)).is_err() {
-                return;
+            // Busy-poll (non-blocking reads) for `spin` after the last
+            // event, then block in poll(2).
+            let spinning = !spin.is_zero() && pending.is_empty() && last_event.elapsed() < spin;
+            if !spinning {
+                let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
+                if self.uffd.wait(Some(timeout)).is_err() {
+                    return;
+                }
             }
             let Ok(events) = self.uffd.read_events(64) else { return };
+            if events.is_empty() {
+                if spinning {
+                    std::hint::spin_loop();
+                }
+            } else {
+                last_event = Instant::now();
+            }
             for ev in events {
                 match ev {
                     Event::PageFault { addr, .. } => pending.push_back(addr),
@@ -574,7 +684,8 @@ impl Inner {
         while off < len {
             // SAFETY: src is our bounce buffer; dst lies in a registered
             // region reached only through atomics and the kernel.
-            let n = unsafe { self.uffd.copy(dst + off, src[off as usize..].as_ptr(), len - off, false) };
+            let n =
+                unsafe { self.uffd.copy_wp(dst + off, src[off as usize..].as_ptr(), len - off, false, self.tracking) };
             match n {
                 Ok(n) if n == len - off => break,
                 // Stopped at a page that is present: step over it.
@@ -591,9 +702,40 @@ impl Inner {
 
     fn became_resident(&self, st: &Arc<RegionState>, f: usize) {
         st.state[f].store(RESIDENT, Ordering::Release);
-        st.referenced[f].store(true, Ordering::Relaxed);
+        // With write tracking, loaded pages are mapped write-protected and
+        // a write after the fault is what counts; without it, the fault
+        // itself is the only access CLOCK can see.
+        st.referenced[f].store(!self.tracking, Ordering::Relaxed);
         self.resident.fetch_add(1, Ordering::Relaxed);
-        self.clock.lock().unwrap_or_else(|e| e.into_inner()).push_back((Arc::clone(st), f));
+        self.clock_push(st, f);
+    }
+
+    fn clock_push(&self, st: &Arc<RegionState>, f: usize) {
+        if st.queued[f].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.clock.lock().unwrap_or_else(|e| e.into_inner()).inactive.push_back((Arc::clone(st), f));
+        self.clock_len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether folio `f` was written since it was last asked (its pages are
+    /// write-protected again, so the next write is seen too). Reads are not
+    /// seen: a folio only read counts as cold.
+    fn written_since_last_pass(&self, tracker: &mut WriteTracker, st: &RegionState, f: usize) -> bool {
+        let fs = self.cfg.folio_size as u64;
+        let start = st.start.load(Ordering::Acquire) + f as u64 * fs;
+        let mut written = false;
+        inc(&self.counters.write_scans);
+        if let Err(e) = tracker.scan_written(start, start + fs, |_, _| written = true) {
+            // A region being unmapped or remapped under us: treat as cold.
+            if !matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::INVAL | rustix::io::Errno::PERM, .. }) {
+                eprintln!("zmem: write tracking scan failed: {e}");
+            }
+        }
+        if written {
+            inc(&self.counters.written_folios);
+        }
+        written
     }
 
     /// The program dropped `[start, end)` (madvise or munmap): its entries go.
@@ -644,6 +786,11 @@ impl Inner {
     // --------------------------------------------------------------- reclaim
 
     fn reclaim_main(self: Arc<Self>, staging: Mapping) {
+        let mut tracker = if self.tracking {
+            WriteTracker::open().map_err(|e| eprintln!("zmem: no write tracking ({e}); CLOCK sees faults only")).ok()
+        } else {
+            None
+        };
         loop {
             {
                 let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -660,7 +807,7 @@ impl Inner {
             }
             if self.usage() > self.high() {
                 while self.usage() > self.low() {
-                    if self.evict_batch(&staging) == 0 {
+                    if self.evict_batch(&staging, tracker.as_mut()) == 0 {
                         break;
                     }
                     self.reclaimed.1.notify_all();
@@ -670,31 +817,62 @@ impl Inner {
         }
     }
 
-    /// Picks victims by CLOCK (second chance on `referenced`).
-    fn pick_victims(&self) -> Vec<(Arc<RegionState>, usize)> {
-        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+    /// Picks victims from the two lists. A folio is accessed if it was
+    /// faulted in or (with write tracking) written since it was last
+    /// looked at; looking clears both (written pages are protected again).
+    /// - Inactive head: accessed goes to the active tail, otherwise evicted.
+    /// - Active head (while inactive is under a third of all): accessed goes
+    ///   round again, otherwise down to the inactive tail.
+    ///
+    /// A folio written once (a stream) is evicted after one trip through
+    /// each list; a folio written all the time stays in the active one.
+    fn pick_victims(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
+        let mut lru = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
-        let mut budget = clock.len() * 2;
+        // Each look may cost a PAGEMAP_SCAN: bound them, and when every
+        // folio looked at was in use, take the inactive (then active)
+        // heads as they come.
+        let mut budget = ((lru.active.len() + lru.inactive.len()) * 2).min(16 * self.cfg.reclaim_batch);
         while out.len() < self.cfg.reclaim_batch && budget > 0 {
             budget -= 1;
-            let Some((st, f)) = clock.pop_front() else { break };
+            let total = lru.active.len() + lru.inactive.len();
+            let from_active = lru.inactive.len() * 3 < total && !lru.active.is_empty();
+            let popped = if from_active { lru.active.pop_front() } else { lru.inactive.pop_front() };
+            let Some((st, f)) = popped else { break };
             if st.state[f].load(Ordering::Acquire) != RESIDENT || st.mapping.lock().map_or(true, |m| m.is_none()) {
-                continue; // evicted, dropped, or its region is gone
-            }
-            if st.referenced[f].swap(false, Ordering::Relaxed) {
-                clock.push_back((st, f));
+                // Evicted, dropped, or its region is gone.
+                self.clock_len.fetch_sub(1, Ordering::Relaxed);
+                st.queued[f].store(false, Ordering::Release);
                 continue;
             }
-            out.push((st, f));
+            let referenced = st.referenced[f].swap(false, Ordering::Relaxed);
+            let written = tracker.as_deref_mut().is_some_and(|t| self.written_since_last_pass(t, &st, f));
+            if referenced || written {
+                lru.active.push_back((st, f));
+            } else if from_active {
+                lru.inactive.push_back((st, f));
+            } else {
+                self.clock_len.fetch_sub(1, Ordering::Relaxed);
+                st.queued[f].store(false, Ordering::Release);
+                out.push((st, f));
+            }
+        }
+        while out.len() < self.cfg.reclaim_batch {
+            let Some((st, f)) = lru.inactive.pop_front().or_else(|| lru.active.pop_front()) else { break };
+            self.clock_len.fetch_sub(1, Ordering::Relaxed);
+            st.queued[f].store(false, Ordering::Release);
+            if st.state[f].load(Ordering::Acquire) == RESIDENT && st.mapping.lock().is_ok_and(|m| m.is_some()) {
+                out.push((st, f));
+            }
         }
         out
     }
 
     /// Evicts one batch; returns how many folios went.
-    fn evict_batch(&self, staging: &Mapping) -> usize {
+    fn evict_batch(&self, staging: &Mapping, tracker: Option<&mut WriteTracker>) -> usize {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
-        let victims = self.pick_victims();
+        let victims = self.pick_victims(tracker);
         // (victim, slot in staging, which pages moved)
         let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
         for (st, f) in victims {
@@ -771,7 +949,7 @@ impl Inner {
                 }
                 st.state[*f].store(RESIDENT, Ordering::Release);
                 self.resident.fetch_add(1, Ordering::Relaxed);
-                self.clock.lock().unwrap_or_else(|e| e.into_inner()).push_back((Arc::clone(st), *f));
+                self.clock_push(st, *f);
                 inc(&self.counters.eviction_rejects);
             }
             cv.notify_all();
@@ -785,7 +963,7 @@ impl Inner {
             let (a, l) = (staging.addr(), staging.len() as u64);
             let _ = self.uffd.unregister(a, l);
             let _ = staging.dontneed(0, n * fs);
-            if let Err(e) = self.uffd.register(a, l, RegisterMode { missing: true, wp: false }) {
+            if let Err(e) = self.uffd.register(a, l, self.register_mode()) {
                 eprintln!("zmem: re-registering the staging area failed ({e}); reclaim stops");
                 self.stop.store(true, Ordering::Release);
             }

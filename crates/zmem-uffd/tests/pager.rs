@@ -237,3 +237,133 @@ fn a_whole_region_mremap_moves_its_resident_and_evicted_pages() {
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
 }
+
+/// A page dropped with MADV_DONTNEED: it must read as zeros.
+const DROPPED: u32 = u32::MAX;
+
+fn check_or_zero(r: &Region, pg: usize, v: u32) -> usize {
+    if v == DROPPED {
+        r.words()[pg * WORDS..(pg + 1) * WORDS].iter().filter(|w| w.load(Ordering::Relaxed) != 0).count()
+    } else {
+        check_page(r, pg, v)
+    }
+}
+
+#[test]
+fn munmap_and_madvise_in_the_middle_of_8_threads() {
+    let _wd = watchdog("munmap-madvise", 300);
+    let limit = 8 << 20;
+    let p = Arc::new(pager(limit));
+    let r = Arc::new(p.map(3 * limit).unwrap());
+    let pages = r.len() / PAGE_SIZE;
+    let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
+            s.spawn(move || {
+                let mut x = (t as u64 + 7) * 0x9E37_79B9;
+                for _ in 0..1200 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let pg = ((x as usize >> 8) % (pages / 8)) * 8 + t;
+                    let v = versions[pg].load(Ordering::Relaxed);
+                    if x % 29 == 0 && v != 0 {
+                        // Drop the page, resident or evicted: it reads as
+                        // zeros from now on, never as its old entry.
+                        let a = r.addr() as usize + pg * PAGE_SIZE;
+                        // SAFETY: one page of our region, reached only
+                        // through atomics; its owner thread is this one.
+                        unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }
+                            .unwrap();
+                        versions[pg].store(DROPPED, Ordering::Relaxed);
+                    } else if x & 3 == 0 || v == 0 {
+                        let nv = if v == DROPPED { 1 } else { v + 1 };
+                        write_page(&r, pg, nv);
+                        versions[pg].store(nv, Ordering::Relaxed);
+                    } else {
+                        mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        // Meanwhile a second region is filled (forcing eviction of both),
+        // partly unmapped by the program and dropped, three times over.
+        let p2 = Arc::clone(&p);
+        s.spawn(move || {
+            for round in 0..3u32 {
+                let b = p2.map(8 << 20).unwrap();
+                let n = b.len() / PAGE_SIZE;
+                for pg in 0..n {
+                    write_page(&b, pg, 100 + round);
+                }
+                // The program unmaps the second half (UNMAP event): its
+                // entries go, and the first half is intact.
+                let half = b.addr() as usize + b.len() / 2;
+                // SAFETY: the second half of region b, which nothing
+                // touches from here on (b is dropped below).
+                unsafe { rustix::mm::munmap(half as *mut _, b.len() / 2) }.unwrap();
+                for pg in 0..n / 2 {
+                    assert_eq!(check_page(&b, pg, 100 + round), 0, "region b page {pg}");
+                }
+                drop(b);
+            }
+        });
+    });
+    for pg in 0..pages {
+        let v = versions[pg].load(Ordering::Relaxed);
+        if v > 0 {
+            mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
+        }
+    }
+    let s = p.stats();
+    assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
+    assert!(s.evicted_folios > 0 && s.load_faults > 0, "{s:?}");
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked by madvise, munmap or drop: {t:?}");
+}
+
+/// Streams cold writes through a region 6x the limit while writing a hot
+/// 1 MiB all the time; returns (hot folios reloaded, hot touches, stats).
+fn hot_refaults(track_writes: bool) -> (u64, u64, zmem_uffd::PagerStats) {
+    let limit = 8 << 20;
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.track_writes = track_writes;
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(6 * limit).unwrap();
+    let hot = 256;
+    let (mut refaults, mut touches) = (0, 0);
+    for pass in 0..4 {
+        for pg in hot..r.len() / PAGE_SIZE {
+            write_page(&r, pg, 1 + pass);
+            if pg % 16 == 0 {
+                for h in (0..hot).step_by(16) {
+                    refaults += u64::from(!r.is_resident(h * PAGE_SIZE));
+                    r.words()[h * WORDS].fetch_add(1, Ordering::Relaxed);
+                    touches += 1;
+                }
+            }
+        }
+    }
+    (refaults, touches, p.stats())
+}
+
+/// With write tracking, a folio written all the time is seen as hot even
+/// though it never faults, and CLOCK keeps it resident while a stream of
+/// cold writes goes through; without it, CLOCK only knows fault-ins.
+#[test]
+fn write_tracking_keeps_a_hot_set_resident() {
+    let _wd = watchdog("hot-set", 120);
+    let (tracked, touches, s) = hot_refaults(true);
+    if !s.tracking_writes {
+        eprintln!("skipped: the kernel offers no UFFD WP_ASYNC");
+        return;
+    }
+    assert!(s.write_scans > 0 && s.written_folios > 0, "{s:?}");
+    let (untracked, _, u) = hot_refaults(false);
+    assert!(!u.tracking_writes && u.write_scans == 0, "{u:?}");
+    eprintln!("hot refaults per touch: tracked {tracked}/{touches}, fault-in only {untracked}/{touches}");
+    assert!(tracked * 4 < untracked, "tracked {tracked}, untracked {untracked} of {touches}: {s:?}");
+}
