@@ -1,5 +1,6 @@
 //! The `zmem` command.
 //!
+//! - `zmem usemem`: the usemem experiment, zmem against the kernel's zswap.
 //! - `zmem bench compress`: codec and batch throughput on real pages.
 //! - `zmem corpus capture --pid PID -o FILE`: capture a process's anonymous
 //!   pages to benchmark on.
@@ -9,6 +10,7 @@ mod bench_compress;
 mod bench_fault;
 mod bench_tier;
 mod bench_zsmalloc;
+mod usemem;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -31,6 +33,13 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// The usemem experiment: N workers write S bytes of real pages under a
+    /// limit, sleep, read back and verify; zmem side by side with the
+    /// kernel's zswap, plain swap and no limit.
+    Usemem(usemem::Args),
+    /// One usemem worker (started by `zmem usemem`).
+    #[command(hide = true)]
+    UsememWorker(usemem::WorkerArgs),
     /// Page corpora: capture real pages to benchmark on.
     Corpus {
         #[command(subcommand)]
@@ -72,6 +81,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Zsmalloc(args) } => bench_zsmalloc::run(&args),
         Cmd::Bench { what: BenchCmd::Tier(args) } => bench_tier::run(&args),
         Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
+        Cmd::Usemem(args) => usemem::run(&args),
+        Cmd::UsememWorker(args) => usemem::worker(&args),
         Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
     }
 }
