@@ -1,6 +1,8 @@
 //! The `zmem` command.
 //!
 //! - `zmem usemem`: the usemem experiment, zmem against the kernel's zswap.
+//! - `zmem run -- CMD`: CMD with its large anonymous memory managed by zmem.
+//! - `zmem stats PID`: the stats of a process under `zmem run`.
 //! - `zmem bench compress`: codec and batch throughput on real pages.
 //! - `zmem corpus capture --pid PID -o FILE`: capture a process's anonymous
 //!   pages to benchmark on.
@@ -10,6 +12,7 @@ mod bench_compress;
 mod bench_fault;
 mod bench_tier;
 mod bench_zsmalloc;
+mod run;
 mod usemem;
 
 use std::io::{self, Write};
@@ -37,6 +40,11 @@ enum Cmd {
     /// limit, sleep, read back and verify; zmem side by side with the
     /// kernel's zswap, plain swap and no limit.
     Usemem(usemem::Args),
+    /// Run a program with its large anonymous memory managed by zmem
+    /// (LD_PRELOAD); its exit status is passed through.
+    Run(run::Args),
+    /// Print the stats of a process running under `zmem run`.
+    Stats(run::StatsArgs),
     /// One usemem worker (started by `zmem usemem`).
     #[command(hide = true)]
     UsememWorker(usemem::WorkerArgs),
@@ -82,6 +90,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Tier(args) } => bench_tier::run(&args),
         Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
         Cmd::Usemem(args) => usemem::run(&args),
+        Cmd::Run(_) => unreachable!("handled in main"),
+        Cmd::Stats(args) => run::stats(&args),
         Cmd::UsememWorker(args) => usemem::worker(&args),
         Cmd::Corpus { what: CorpusCmd::Capture { pid, output, max_pages } } => capture(pid, &output, max_pages),
     }
@@ -102,6 +112,15 @@ fn zstd_encode(data: &[u8]) -> Result<Vec<u8>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Run(args) = &cli.cmd {
+        return match run::run(args) {
+            Ok(code) => code,
+            Err(e) => {
+                let _ = writeln!(io::stderr(), "zmem run: {e:#}");
+                ExitCode::from(127)
+            }
+        };
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

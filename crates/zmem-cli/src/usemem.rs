@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use zmem_compress::corpus::Corpus;
 use zmem_compress::{CodecSpec, PAGE_SIZE};
 use zmem_tier::TierConfig;
-use zmem_uffd::{Mapping, Pager, PagerConfig};
+use zmem_uffd::{parse_size, Mapping, Pager, PagerConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -65,23 +65,6 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-}
-
-/// `1G`, `512M`, `64K` or bytes.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 1usize << 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size (try 512M or 1G)"))?;
-    let v = n.checked_mul(mul).ok_or_else(|| format!("`{s}` is too large"))?;
-    if v == 0 {
-        return Err("a size must be above zero".into());
-    }
-    Ok(v)
 }
 
 /// One configuration to run.
@@ -419,10 +402,16 @@ fn vmstat(name: &str) -> u64 {
 }
 
 fn kernel_rejects() -> u64 {
-    ["reject_alloc_fail", "reject_compress_fail", "reject_compress_poor", "reject_kmemcache_fail", "reject_reclaim_fail"]
-        .iter()
-        .map(|n| debugfs_zswap(n))
-        .sum()
+    [
+        "reject_alloc_fail",
+        "reject_compress_fail",
+        "reject_compress_poor",
+        "reject_kmemcache_fail",
+        "reject_reclaim_fail",
+    ]
+    .iter()
+    .map(|n| debugfs_zswap(n))
+    .sum()
 }
 
 fn debugfs_zswap(name: &str) -> u64 {
@@ -543,9 +532,8 @@ fn run_one(
                 }
                 Config::Zmem { .. } => {
                     let w = written.iter().flatten();
-                    let (stored, size) = w.fold((0, 0), |(s, z), r| {
-                        (s + r.stored_pages - r.same_filled_pages, z + r.pool_total_size)
-                    });
+                    let (stored, size) =
+                        w.fold((0, 0), |(s, z), r| (s + r.stored_pages - r.same_filled_pages, z + r.pool_total_size));
                     (size > 0).then(|| (stored * PAGE_SIZE as u64) as f64 / size as f64)
                 }
                 _ => None,
@@ -739,9 +727,10 @@ fn chart(reports: &[RunReport], path: &Path) -> Result<()> {
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let bars = |get: fn(&RunReport) -> f64, off: f64, color: RGBColor| {
-        reports.iter().enumerate().map(move |(i, r)| {
-            Rectangle::new([(i as f64 + off, 0.0), (i as f64 + off + 0.35, get(r))], color.filled())
-        })
+        reports
+            .iter()
+            .enumerate()
+            .map(move |(i, r)| Rectangle::new([(i as f64 + off, 0.0), (i as f64 + off + 0.35, get(r))], color.filled()))
     };
     c.draw_series(bars(|r| r.write_mbps, 0.12, RGBColor(66, 133, 244)))
         .map_err(|e| anyhow::anyhow!("{e}"))?

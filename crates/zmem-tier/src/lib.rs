@@ -40,13 +40,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use thiserror::Error;
-use zmem_compress::{BatchCompressor, CodecSpec, CompressError, DecompressError, Engines, EnginesConfig, Sequential};
+use zmem_compress::{BatchCompressor, CompressError, DecompressError, Engines, EnginesConfig, Sequential};
 use zmem_swapfile::{SwapError, SwapFile, SwapFileConfig};
 use zmem_zsmalloc::{Mempool, MempoolConfig, ZsPoolConfig, PAGE_SIZE};
 
 pub use entry::{Entry, Stored};
 pub use pool::Pool;
 pub use stats::TierStats;
+pub use zmem_compress::CodecSpec;
 
 use stats::{dec, inc, Counters};
 use tree::{Shard, Tree};

@@ -11,8 +11,10 @@
 
 pub mod mapping;
 pub mod pager;
+pub mod settings;
 pub mod sys;
 
 pub use mapping::Mapping;
 pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
+pub use settings::{parse_size, Settings};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

@@ -1,0 +1,156 @@
+//! `zmem run -- CMD`: CMD with `libzmem_preload.so` preloaded, its large
+//! anonymous memory managed by zmem. `zmem stats PID`: what it is doing.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use zmem_uffd::Settings;
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
+ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_STATS_DIR, \
+ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
+next to the zmem binary.")]
+pub struct Args {
+    /// Resident memory plus pool plus metadata of the managed memory.
+    #[arg(long)]
+    limit: Option<String>,
+    /// lz4, zstd[:LEVEL], deflate[:LEVEL], lzo, lzo-rle.
+    #[arg(long)]
+    compressor: Option<String>,
+    /// The pool's share of the limit, percent.
+    #[arg(long)]
+    max_pool_percent: Option<String>,
+    /// Write cold compressed pages back to a swap file in this directory.
+    #[arg(long)]
+    swapfile: Option<PathBuf>,
+    /// Do not encrypt the swap file (AES-XTS by default).
+    #[arg(long)]
+    no_encrypt: bool,
+    /// Mappings and allocations at least this large are managed.
+    #[arg(long)]
+    threshold: Option<String>,
+    /// Eviction unit (4K..2M).
+    #[arg(long)]
+    folio: Option<String>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+/// Where the shim library is: `$ZMEM_PRELOAD`, or next to this binary.
+fn preload_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("ZMEM_PRELOAD") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("ZMEM_PRELOAD={}: no such file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        let p = d.join("libzmem_preload.so");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "libzmem_preload.so is not next to {} (build it with `cargo build --release -p zmem-preload`, or set ZMEM_PRELOAD)",
+        exe.display()
+    )
+}
+
+pub fn run(args: &Args) -> Result<std::process::ExitCode> {
+    // The environment's ZMEM_* settings, overridden by the flags.
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("ZMEM_")).collect();
+    let mut set = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            vars.retain(|(key, _)| key != k);
+            vars.push((k.to_string(), v));
+        }
+    };
+    set("ZMEM_LIMIT", args.limit.clone());
+    set("ZMEM_COMPRESSOR", args.compressor.clone());
+    set("ZMEM_MAX_POOL_PERCENT", args.max_pool_percent.clone());
+    set("ZMEM_SWAPFILE_DIR", args.swapfile.as_ref().map(|p| p.display().to_string()));
+    set("ZMEM_NO_ENCRYPT", args.no_encrypt.then(|| "1".to_string()));
+    set("ZMEM_THRESHOLD", args.threshold.clone());
+    set("ZMEM_FOLIO", args.folio.clone());
+    // A bad value is an error here, before the program starts.
+    Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
+    let so = preload_path()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{} {old}", so.display()),
+        _ => so.display().to_string(),
+    };
+    let mut cmd = Command::new(&args.cmd[0]);
+    cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
+    let status = cmd.status().with_context(|| format!("start {}", args.cmd[0]))?;
+    // The program's status, as a shell would report it.
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    Ok(std::process::ExitCode::from(code as u8))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// The process (started under `zmem run`).
+    pid: u32,
+    #[arg(long, conflicts_with = "prometheus")]
+    json: bool,
+    #[arg(long)]
+    prometheus: bool,
+    /// Where the stats files are (ZMEM_STATS_DIR of the process).
+    #[arg(long, env = "ZMEM_STATS_DIR", default_value = "/tmp/zmem-stats")]
+    dir: PathBuf,
+}
+
+/// Numeric leaves of a JSON object, with their dotted paths.
+fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                leaves(&p, v, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other.clone())),
+    }
+}
+
+pub fn stats(args: &StatsArgs) -> Result<()> {
+    let path = args.dir.join(format!("zmem-{}.json", args.pid));
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!("no stats for pid {} at {} (is it running under `zmem run`?)", args.pid, path.display())
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mut l = Vec::new();
+    leaves("", &v, &mut l);
+    if args.prometheus {
+        for (k, v) in &l {
+            if let Some(n) = v.as_f64() {
+                if k != "pid" {
+                    println!("zmem_{}{{pid=\"{}\"}} {n}", k.replace('.', "_"), args.pid);
+                }
+            }
+        }
+        return Ok(());
+    }
+    let age = v["updated_unix_ms"].as_u64().map(|t| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        (now as u64).saturating_sub(t)
+    });
+    println!("zmem stats for pid {} (updated {} ms ago)", args.pid, age.unwrap_or(0));
+    for (k, v) in &l {
+        if k != "updated_unix_ms" && k != "pid" {
+            println!("  {k:<40} {}", v.to_string().trim_matches('"'));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! `zmem run` and `zmem stats` on real programs: a C program and python3,
+//! each allocating 4x its limit, every byte checked by the program itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The shim next to the zmem binary, built (same profile, a no-op when it is
+/// up to date) since the test build does not produce the cdylib itself, and
+/// a stale one would test old code.
+fn preload() -> PathBuf {
+    static SO: OnceLock<PathBuf> = OnceLock::new();
+    SO.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_BIN_EXE_zmem")).parent().unwrap().to_path_buf();
+        let so = dir.join("libzmem_preload.so");
+        {
+            let mut c = Command::new(env!("CARGO"));
+            c.args(["build", "-p", "zmem-preload"]);
+            if dir.ends_with("release") {
+                c.arg("--release");
+            }
+            let target = dir.parent().unwrap();
+            c.env("CARGO_TARGET_DIR", target).current_dir(env!("CARGO_MANIFEST_DIR"));
+            assert!(c.status().expect("cargo build -p zmem-preload").success());
+        }
+        assert!(so.is_file(), "{} was not built", so.display());
+        so
+    })
+    .clone()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("zmem-run-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `zmem ARGS` with `env`, killing it after `secs` (a hang fails).
+fn zmem(args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+    c.args(args).env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("start zmem");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("zmem {args:?} hung for {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("stdout: {}\nstderr: {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn compile_alloc() -> PathBuf {
+    let dir = tmpdir("cc");
+    let exe = dir.join("alloc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/alloc.c");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
+    assert!(st.success());
+    exe
+}
+
+#[test]
+fn a_c_program_allocating_4x_its_limit_reads_everything_back() {
+    let exe = compile_alloc();
+    let swap = tmpdir("c-swap");
+    let o = zmem(
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"],
+        &[],
+        240,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("128 MiB checked, 0 bad words"), "{}", text(&o));
+}
+
+const PY: &str = r#"
+import hashlib, os, sys, time, json
+mib = int(sys.argv[1])
+text = (open(sys.argv[0] if os.path.exists(sys.argv[0]) else '/etc/services', 'rb').read() * 200)[:1 << 20]
+blocks = []
+for i in range(mib):
+    b = bytearray(text)
+    b[:8] = i.to_bytes(8, 'little')
+    blocks.append(b)
+time.sleep(float(os.environ.get('HOLD', '0')))
+for i, b in enumerate(blocks):
+    assert b[:8] == i.to_bytes(8, 'little') and b[8:] == text[8:], i
+big = bytearray(mib << 20)
+big[::4096] = b'\x01' * (mib * 256)
+assert sum(big[::4096]) == mib * 256
+print("ok", mib)
+"#;
+
+#[test]
+fn python_allocating_4x_its_limit_reads_everything_back() {
+    let swap = tmpdir("py-swap");
+    let o = zmem(
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", PY, "128"],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 128"), "{}", text(&o));
+}
+
+#[test]
+fn the_exit_status_and_signals_pass_through() {
+    let o = zmem(&["run", "--", "sh", "-c", "exit 7"], &[], 30);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    let o = zmem(&["run", "--", "sh", "-c", "kill -TERM $$"], &[], 30);
+    assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
+}
+
+#[test]
+fn bad_flags_and_variables_are_errors_before_the_program_starts() {
+    let marker = tmpdir("bad").join("started");
+    let touch = format!("touch {}", marker.display());
+    for (args, env, why) in [
+        (vec!["run", "--limit", "lots"], vec![], "ZMEM_LIMIT=lots"),
+        (vec!["run", "--compressor", "snappy"], vec![], "ZMEM_COMPRESSOR=snappy"),
+        (vec!["run", "--folio", "3K"], vec![], "power of two"),
+        (vec!["run", "--swapfile", "/nonexistent/zmem"], vec![], "not a directory"),
+        (vec!["run"], vec![("ZMEM_MAX_POOL_PERCENT", "150")], "1..=100"),
+        (vec!["run"], vec![("ZMEM_LIMTI", "1G")], "unknown setting"),
+    ] {
+        let mut a = args.clone();
+        a.extend(["--", "sh", "-c", &touch]);
+        let o = zmem(&a, &env, 30);
+        assert!(!o.status.success(), "{a:?} {env:?} succeeded");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(why), "{a:?} {env:?}: {}", text(&o));
+        assert!(!marker.exists(), "{a:?} {env:?}: the program started");
+    }
+    let o = zmem(&["run", "--", "/nonexistent/program"], &[], 30);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("/nonexistent/program"));
+}
+
+/// With the threshold at one folio, the pager's own buffers and the
+/// tier's allocations would qualify; the reentrancy guard must keep them
+/// out of managed memory, or the handler faults on itself and hangs.
+#[test]
+fn zmems_own_allocations_never_land_in_managed_memory() {
+    let exe = compile_alloc();
+    let swap = tmpdir("guard-swap");
+    let o = zmem(
+        &[
+            "run",
+            "--limit",
+            "32M",
+            "--threshold",
+            "64K",
+            "--swapfile",
+            swap.to_str().unwrap(),
+            "--",
+            exe.to_str().unwrap(),
+            "96",
+        ],
+        &[],
+        240,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("0 bad words"), "{}", text(&o));
+}
+
+#[test]
+fn zmem_stats_reads_a_running_process() {
+    let stats = tmpdir("stats");
+    let swap = tmpdir("stats-swap");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", PY, "96"])
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_STATS_DIR", &stats)
+        .env("ZMEM_STATS_INTERVAL_MS", "100")
+        .env("HOLD", "6")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The python process is zmem's child.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let file = loop {
+        let f = std::fs::read_dir(&stats).unwrap().flatten().map(|e| e.path()).find(|p| {
+            p.file_name().unwrap().to_string_lossy().starts_with("zmem-")
+                && std::fs::read_to_string(p)
+                    .is_ok_and(|t| t.contains("\"evicted_folios\":") && !t.contains("\"evicted_folios\":0"))
+        });
+        if let Some(f) = f {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no stats file with evictions in {}", stats.display());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let name = file.file_name().unwrap().to_string_lossy().to_string();
+    let pid = name.trim_start_matches("zmem-").trim_end_matches(".json");
+    let dir = stats.to_str().unwrap();
+    let o = zmem(&["stats", pid, "--json"], &[("ZMEM_STATS_DIR", dir)], 30);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["limit"], 32 << 20);
+    assert!(v["pager"]["evicted_folios"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["tier"]["stored_pages"].is_u64(), "{v}");
+    let o = zmem(&["stats", pid, "--prometheus"], &[("ZMEM_STATS_DIR", dir)], 30);
+    let p = String::from_utf8_lossy(&o.stdout);
+    assert!(p.contains(&format!("zmem_pager_evicted_folios{{pid=\"{pid}\"}}")), "{p}");
+    let o = zmem(&["stats", pid], &[("ZMEM_STATS_DIR", dir)], 30);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("tier.zswpout"), "{}", text(&o));
+    assert!(child.wait().unwrap().success());
+    let o = zmem(&["stats", "999999999"], &[("ZMEM_STATS_DIR", dir)], 30);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("zmem run"), "{}", text(&o));
+}
+
+/// `include/zmem.h` from C, linked against the shim (no LD_PRELOAD).
+#[test]
+fn the_c_header_api_maps_checks_and_reports() {
+    let so = preload();
+    let dir = so.parent().unwrap();
+    let out = tmpdir("api").join("api");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new("cc")
+        .arg("-O2")
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/api.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", dir.display()))
+        .arg("-lzmem_preload")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    let o = Command::new(&out).env("ZMEM_LIMIT", "32M").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "api ok");
+}
