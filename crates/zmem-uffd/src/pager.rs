@@ -57,7 +57,7 @@
 //!   the COPY succeeds), and reclaim raises no events of its own: it
 //!   unregisters its staging area around the DONTNEED that frees it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -75,6 +75,10 @@ enum Served {
     Done,
     /// An event is unread (EAGAIN): read events, then try again.
     Again,
+    /// The folio is being evicted: serve other faults, read events, and
+    /// try this one again. The handler never waits for reclaim, because
+    /// reclaim's MOVEs fail with EAGAIN until the handler reads events.
+    Busy,
 }
 
 const NEVER: u8 = 0;
@@ -168,6 +172,22 @@ pub struct PagerStats {
     /// Folios whose store was rejected and which were put back.
     pub eviction_rejects: u64,
     pub direct_reclaim_waits: u64,
+    /// Times the limit turned soft: usage was over it and a reclaim pass
+    /// could evict nothing (the pool full with writeback off or failing,
+    /// or nothing evictable). Reclaim then backs off and faults stop
+    /// waiting for it, as under memory.high.
+    pub limit_soft_events: u64,
+    /// Whether the limit is soft now.
+    pub limit_soft: bool,
+    /// Folios whose pages could not be moved out (mlocked, pinned): they
+    /// stay resident and are never stored or written back.
+    pub unevictable_folios: u64,
+    /// Bytes of folios whose store was rejected, kept uncompressed until
+    /// they are faulted in again.
+    pub held_bytes: u64,
+    /// Pages that failed to load (a corrupt swap slot, an I/O error): they
+    /// are poisoned, so the program gets SIGBUS there instead of wrong data.
+    pub poisoned_pages: u64,
     /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
@@ -191,6 +211,9 @@ struct Counters {
     evicted_folios: AtomicU64,
     eviction_rejects: AtomicU64,
     direct_reclaim_waits: AtomicU64,
+    limit_soft_events: AtomicU64,
+    unevictable_folios: AtomicU64,
+    poisoned_pages: AtomicU64,
     write_scans: AtomicU64,
     written_folios: AtomicU64,
 }
@@ -244,6 +267,35 @@ struct Inner {
     stop: AtomicBool,
     kick: (Mutex<bool>, Condvar),
     reclaimed: (Mutex<()>, Condvar),
+    /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
+    /// EVICTING, by (region id, folio): the evictor drops their entries
+    /// when it finishes. Written and taken under the folio's stripe lock.
+    dropped: Mutex<HashMap<(u32, usize), Vec<bool>>>,
+    /// Folios whose store was rejected: their pages, uncompressed, until a
+    /// fault maps them again. Reclaim never puts pages back itself: only
+    /// the handler maps pages, in event order, so a page the program
+    /// dropped can never come back.
+    held: Mutex<HashMap<(u32, usize), Held>>,
+    held_bytes: AtomicUsize,
+    /// The limit is soft (see [`PagerStats::limit_soft_events`]).
+    soft: AtomicBool,
+    /// UFFDIO_POISON is available for pages that fail to load.
+    poison: bool,
+}
+
+/// A rejected folio's pages (`present[p]`: page `p` is in `data`).
+#[derive(Debug)]
+struct Held {
+    data: Box<[u8]>,
+    present: Vec<bool>,
+}
+
+/// What one eviction pass did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pass {
+    evicted: usize,
+    rejected: usize,
+    unevictable: usize,
 }
 
 /// Anonymous memory under a limit, backed by a compressed tier.
@@ -365,9 +417,17 @@ impl Pager {
         if !(1..=16).contains(&cfg.handler_threads) {
             return Err(PagerError::Config(format!("handler_threads {} must be in 1..=16", cfg.handler_threads)));
         }
-        let want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
-        let tracking = cfg.track_writes && Uffd::offered(OpenMode::Auto)?.contains(Features::WP_ASYNC);
-        let uffd = Uffd::open(OpenMode::Auto, if tracking { want | Features::WP_ASYNC } else { want })?;
+        let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
+        let offered = Uffd::offered(OpenMode::Auto)?;
+        let tracking = cfg.track_writes && offered.contains(Features::WP_ASYNC);
+        if tracking {
+            want = want | Features::WP_ASYNC;
+        }
+        let poison = offered.contains(Features::POISON);
+        if poison {
+            want = want | Features::POISON;
+        }
+        let uffd = Uffd::open(OpenMode::Auto, want)?;
         // Loads keep their entries until the folio is mapped: a COPY can fail
         // with EAGAIN (an unread event), and the pages must survive a retry.
         let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
@@ -384,6 +444,11 @@ impl Pager {
             stop: AtomicBool::new(false),
             kick: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
+            dropped: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            held_bytes: AtomicUsize::new(0),
+            soft: AtomicBool::new(false),
+            poison,
             uffd,
             tier,
             cfg,
@@ -460,6 +525,11 @@ impl Pager {
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
             direct_reclaim_waits: r(&c.direct_reclaim_waits),
+            limit_soft_events: r(&c.limit_soft_events),
+            limit_soft: self.inner.soft.load(Ordering::Relaxed),
+            unevictable_folios: r(&c.unevictable_folios),
+            held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
+            poisoned_pages: r(&c.poisoned_pages),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
@@ -473,7 +543,10 @@ impl Pager {
     pub fn reclaim_now(&self) {
         self.inner.kick_reclaim();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while self.inner.usage() > self.inner.low() && Instant::now() < deadline {
+        while self.inner.usage() > self.inner.low()
+            && !self.inner.soft.load(Ordering::Relaxed)
+            && Instant::now() < deadline
+        {
             let g = self.inner.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
             let _ = self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(5));
         }
@@ -497,7 +570,10 @@ impl Drop for Pager {
 
 impl Inner {
     fn usage(&self) -> usize {
-        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size + self.tier.pool_total_size() + self.metadata()
+        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size
+            + self.held_bytes.load(Ordering::Relaxed)
+            + self.tier.pool_total_size()
+            + self.metadata()
     }
 
     fn metadata(&self) -> usize {
@@ -533,10 +609,19 @@ impl Inner {
         (addr < r.start.load(Ordering::Acquire) + r.len as u64).then(|| Arc::clone(r))
     }
 
+    /// Drops every entry of folio `f`, and its held pages. The caller holds
+    /// the folio's stripe lock, or owns the folio (a dying region).
     fn invalidate_folio(&self, st: &RegionState, f: usize) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         for p in f * ppf..(f + 1) * ppf {
             self.tier.invalidate(st.key(p));
+        }
+        self.unhold(st, f);
+    }
+
+    fn unhold(&self, st: &RegionState, f: usize) {
+        if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f)) {
+            self.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
         }
     }
 
@@ -583,13 +668,18 @@ impl Inner {
                     Event::Fork { .. } | Event::Unknown(_) => {}
                 }
             }
-            // Serve faults in order; at the first EAGAIN go back and read
-            // the event that blocks them.
-            while let Some(&addr) = pending.front() {
-                if self.fault(addr, &mut bounce) == Served::Again {
-                    break;
+            // Serve faults in order; a folio being evicted waits its turn
+            // (the others go ahead), and at the first EAGAIN go back and
+            // read the event that blocks them all.
+            let mut i = 0;
+            while i < pending.len() {
+                match self.fault(pending[i], &mut bounce) {
+                    Served::Done => {
+                        pending.remove(i);
+                    }
+                    Served::Busy => i += 1,
+                    Served::Again => break,
                 }
-                pending.pop_front();
             }
         }
     }
@@ -607,13 +697,15 @@ impl Inner {
         let start = st.start.load(Ordering::Acquire);
         let f = ((addr - start) / fs) as usize;
         let folio_addr = start + f as u64 * fs;
-        let (lock, cv) = self.stripe(&st, f);
-        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (lock, _) = self.stripe(&st, f);
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             match st.state[f].load(Ordering::Acquire) {
                 EVICTING => {
+                    // Never wait here: the evictor may need this thread to
+                    // read an event before its MOVE can finish.
                     inc(&self.counters.eviction_waits);
-                    g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                    return Served::Busy;
                 }
                 NEVER => {
                     // SAFETY: the folio lies in our registered region, reached
@@ -628,21 +720,29 @@ impl Inner {
                 EVICTED => {
                     bounce.fill(0);
                     let ppf = bounce.len() / PAGE_SIZE;
+                    let mut bad = vec![false; ppf];
                     for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
                         match self.tier.load(st.key(f * ppf + i), page) {
                             Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
                             Err(e) => {
-                                // The tier keeps the entry; the page reads as
-                                // zeros rather than the program hanging, and
-                                // the error is counted (decompress_fail).
+                                // Never hand the program wrong data: the
+                                // page is poisoned below (SIGBUS on touch).
                                 eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
+                                bad[i] = true;
                             }
                         }
                     }
-                    if self.copy_folio(folio_addr, bounce) == Served::Again {
+                    if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get(&(st.id, f)) {
+                        for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
+                            page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                        }
+                    }
+                    if self.copy_folio(folio_addr, bounce, &bad) == Served::Again {
                         // Nothing is lost: the entries are still in the tier.
                         return Served::Again;
                     }
+                    let nbad = bad.iter().filter(|&&b| b).count() as u64;
+                    self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
                     self.invalidate_folio(&st, f);
                     self.became_resident(&st, f);
                     inc(&self.counters.load_faults);
@@ -664,7 +764,7 @@ impl Inner {
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
-        if self.usage() > self.cfg.limit {
+        if self.usage() > self.cfg.limit && !self.soft.load(Ordering::Relaxed) {
             // Direct reclaim, bounded: wait for the reclaimer a little.
             inc(&self.counters.direct_reclaim_waits);
             let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
@@ -676,9 +776,37 @@ impl Inner {
         Served::Done
     }
 
-    /// COPYs a folio, stepping over pages that are still mapped (EEXIST).
-    /// On `Again`, what was copied stays (a retry steps over it).
-    fn copy_folio(&self, dst: u64, src: &[u8]) -> Served {
+    /// COPYs a folio, stepping over pages that are still mapped (EEXIST),
+    /// and poisons the `bad` pages (or zero-fills them where the kernel
+    /// lacks UFFDIO_POISON). On `Again`, what was done stays (a retry steps
+    /// over it).
+    fn copy_folio(&self, dst: u64, src: &[u8], bad: &[bool]) -> Served {
+        let ppf = src.len() / PAGE_SIZE;
+        let mut p = 0;
+        while p < ppf {
+            let run = bad[p..].iter().take_while(|&&b| b == bad[p]).count();
+            let (a, n) = (dst + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
+            let r = if bad[p] && self.poison {
+                match self.uffd.poison(a, n) {
+                    Err(UffdError::Again { .. }) => Served::Again,
+                    Err(e) => {
+                        eprintln!("zmem: UFFDIO_POISON failed: {e}");
+                        Served::Done
+                    }
+                    Ok(_) => Served::Done,
+                }
+            } else {
+                self.copy_run(a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE])
+            };
+            if r == Served::Again {
+                return r;
+            }
+            p += run;
+        }
+        Served::Done
+    }
+
+    fn copy_run(&self, dst: u64, src: &[u8]) -> Served {
         let mut off = 0u64;
         let len = src.len() as u64;
         while off < len {
@@ -746,13 +874,22 @@ impl Inner {
         let last_page = ((end.min(base + st.len as u64) - base).div_ceil(PAGE_SIZE as u64)) as usize;
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         for f in first_page / ppf..last_page.div_ceil(ppf) {
-            let (lock, cv) = self.stripe(&st, f);
-            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
-            while st.state[f].load(Ordering::Acquire) == EVICTING {
-                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            let (lock, _) = self.stripe(&st, f);
+            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let pages = (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page);
+            if st.state[f].load(Ordering::Acquire) == EVICTING {
+                // The evictor drops these pages' entries when it finishes
+                // (this thread must not wait for it: see `fault`).
+                let mut d = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+                let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
+                mask[pages.start - f * ppf..pages.end - f * ppf].fill(true);
+                continue;
             }
-            for p in (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page) {
+            for p in pages.clone() {
                 self.tier.invalidate(st.key(p));
+            }
+            if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&(st.id, f)) {
+                h.present[pages.start - f * ppf..pages.end - f * ppf].fill(false);
             }
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
             // A whole folio dropped is as if never touched; a resident folio
@@ -791,6 +928,7 @@ impl Inner {
         } else {
             None
         };
+        let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
         loop {
             {
                 let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -805,12 +943,43 @@ impl Inner {
                 let _ = self.uffd.unregister(staging.addr(), staging.len() as u64);
                 return;
             }
-            if self.usage() > self.high() {
+            if self.usage() <= self.cfg.limit {
+                self.soft.store(false, Ordering::Relaxed);
+            }
+            if self.usage() > self.high() && Instant::now() >= retry_at {
                 while self.usage() > self.low() {
-                    if self.evict_batch(&staging, tracker.as_mut()) == 0 {
-                        break;
-                    }
+                    let pass = self.evict_batch(&staging, tracker.as_mut());
                     self.reclaimed.1.notify_all();
+                    if pass.evicted > 0 {
+                        backoff = Duration::ZERO;
+                        self.soft.store(false, Ordering::Relaxed);
+                        continue;
+                    }
+                    // Nothing could go: the pool is full and writeback is
+                    // off or failing, or what is left is unevictable. The
+                    // limit turns soft, as memory.high does, and reclaim
+                    // backs off rather than spin.
+                    if self.usage() > self.cfg.limit || pass.rejected + pass.unevictable > 0 {
+                        backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(2));
+                        retry_at = Instant::now() + backoff;
+                        if !self.soft.swap(true, Ordering::Relaxed) {
+                            inc(&self.counters.limit_soft_events);
+                            if !warned {
+                                warned = true;
+                                eprintln!(
+                                    "zmem: usage {} MiB is over the limit and nothing more can be evicted \
+                                     ({}); the limit is soft until reclaim succeeds again",
+                                    self.usage() >> 20,
+                                    if self.tier.config().writeback {
+                                        "the pool is full and writeback fails"
+                                    } else {
+                                        "the pool is full and writeback is off"
+                                    }
+                                );
+                            }
+                        }
+                    }
+                    break;
                 }
             }
             self.reclaimed.1.notify_all();
@@ -868,51 +1037,62 @@ impl Inner {
         out
     }
 
-    /// Evicts one batch; returns how many folios went.
-    fn evict_batch(&self, staging: &Mapping, tracker: Option<&mut WriteTracker>) -> usize {
+    /// Evicts one batch.
+    ///
+    /// 1. Isolate: each victim goes RESIDENT -> EVICTING under its stripe
+    ///    lock. From here faults on it are deferred (`Served::Busy`).
+    /// 2. MOVE its pages into staging, with no lock held: a MOVE that gets
+    ///    EAGAIN waits for the handler to read an event, and the handler
+    ///    never waits for us.
+    /// 3. Store the pages in the tier.
+    /// 4. Finish under the stripe lock: EVICTED, dropping the entries of
+    ///    pages the program dropped meanwhile. A rejected folio keeps its
+    ///    pages uncompressed (`held`) until a fault maps them again.
+    fn evict_batch(&self, staging: &Mapping, tracker: Option<&mut WriteTracker>) -> Pass {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
-        let victims = self.pick_victims(tracker);
-        // (victim, slot in staging, which pages moved)
-        let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
-        for (st, f) in victims {
+        let mut pass = Pass::default();
+        let mut isolated = Vec::new();
+        for (st, f) in self.pick_victims(tracker) {
             let (lock, _) = self.stripe(&st, f);
             let g = lock.lock().unwrap_or_else(|e| e.into_inner());
             if st.state[f].load(Ordering::Acquire) != RESIDENT {
                 continue;
             }
-            let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
-            let dst = staging.addr() + (moved.len() * fs) as u64;
-            let mut present = vec![false; ppf];
-            let mut off = 0u64;
-            while off < fs as u64 {
-                // SAFETY: src lies in a registered region and dst in our
-                // registered staging area; neither is covered by a reference.
-                match unsafe { self.uffd.move_until_hole(dst + off, src + off, fs as u64 - off) } {
-                    Ok(n) => {
-                        present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
-                        // A hole (or the end) follows what moved.
-                        off += n + PAGE_SIZE as u64;
-                    }
-                    // An event is pending; the handler reads it (it never
-                    // waits for us while we hold no EVICTING folio of its).
-                    Err(UffdError::Again { done }) => {
-                        present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
-                        off += done;
-                        std::thread::sleep(Duration::from_micros(20));
-                    }
-                    // A page that cannot move (shared, pinned) stays mapped.
-                    Err(_) => off += PAGE_SIZE as u64,
-                }
-            }
             st.state[f].store(EVICTING, Ordering::Release);
             self.resident.fetch_sub(1, Ordering::Relaxed);
             drop(g);
+            isolated.push((st, f));
+        }
+        // (victim, slot in staging, which pages moved)
+        let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
+        for (st, f) in isolated {
+            let dst = staging.addr() + (moved.len() * fs) as u64;
+            let (present, stuck) = self.move_folio(&st, f, dst);
+            if stuck && !present.contains(&true) {
+                // Nothing could move (mlocked, pinned): it stays resident,
+                // and is looked at again only after a trip round the lists.
+                self.finish(&st, f, |_| {
+                    st.state[f].store(RESIDENT, Ordering::Release);
+                    self.resident.fetch_add(1, Ordering::Relaxed);
+                });
+                st.queued[f].store(true, Ordering::Release);
+                self.clock.lock().unwrap_or_else(|e| e.into_inner()).active.push_back((Arc::clone(&st), f));
+                self.clock_len.fetch_add(1, Ordering::Relaxed);
+                inc(&self.counters.unevictable_folios);
+                pass.unevictable += 1;
+                continue;
+            }
             moved.push((st, f, present));
         }
         let n = moved.len();
         for (slot, (st, f, present)) in moved.iter().enumerate() {
             let base = staging.addr() as usize + slot * fs;
+            // SAFETY: 1. this slot of staging is mapped (MOVE filled its
+            // present pages, the rest read as zeros); 2. only this thread
+            // touches staging, and nothing changes it until the DONTNEED
+            // below, after this borrow ends.
+            let data = unsafe { std::slice::from_raw_parts(base as *const u8, fs) };
             let mut ok = true;
             let mut p = 0;
             while p < ppf {
@@ -921,39 +1101,33 @@ impl Inner {
                     continue;
                 }
                 let run = present[p..].iter().take_while(|&&x| x).count();
-                // SAFETY: 1. these staging pages were just filled by MOVE and
-                // are mapped; 2. only this thread touches staging, and nothing
-                // changes it until the DONTNEED below, after this borrow ends.
-                let data = unsafe { std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, run * PAGE_SIZE) };
-                match self.tier.store(st.key(f * ppf + p), data) {
+                match self.tier.store(st.key(f * ppf + p), &data[p * PAGE_SIZE..(p + run) * PAGE_SIZE]) {
                     Ok(StoreOutcome::Stored { .. }) => {}
                     _ => ok = false,
                 }
                 p += run;
             }
-            let (lock, cv) = self.stripe(st, *f);
-            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
-            if ok {
-                st.state[*f].store(EVICTED, Ordering::Release);
-                inc(&self.counters.evicted_folios);
-            } else {
-                // Put the pages back where they were: the folio's range is
-                // still missing (faults on it wait for us).
-                self.invalidate_folio(st, *f);
-                let src = staging.addr() + (slot * fs) as u64;
-                let dst = st.start.load(Ordering::Acquire) + (*f * fs) as u64;
-                for (p, _) in present.iter().enumerate().filter(|(_, &x)| x) {
-                    let o = (p * PAGE_SIZE) as u64;
-                    // SAFETY: both ranges registered, unreferenced.
-                    let _ = unsafe { self.uffd.move_pages(dst + o, src + o, PAGE_SIZE as u64, false) };
+            self.finish(st, *f, |dropped| {
+                if ok {
+                    inc(&self.counters.evicted_folios);
+                    pass.evicted += 1;
+                } else {
+                    // Keep the pages as they are (what was stored goes).
+                    for p in 0..ppf {
+                        self.tier.invalidate(st.key(f * ppf + p));
+                    }
+                    let present: Vec<bool> = present.iter().zip(dropped).map(|(&p, &d)| p && !d).collect();
+                    if present.contains(&true) {
+                        let h = Held { data: data.into(), present };
+                        self.held_bytes.fetch_add(fs, Ordering::Relaxed);
+                        let old = self.held.lock().unwrap_or_else(|e| e.into_inner()).insert((st.id, *f), h);
+                        debug_assert!(old.is_none(), "a held folio was evicted again");
+                    }
+                    inc(&self.counters.eviction_rejects);
+                    pass.rejected += 1;
                 }
-                st.state[*f].store(RESIDENT, Ordering::Release);
-                self.resident.fetch_add(1, Ordering::Relaxed);
-                self.clock_push(st, *f);
-                inc(&self.counters.eviction_rejects);
-            }
-            cv.notify_all();
-            drop(g);
+                st.state[*f].store(EVICTED, Ordering::Release);
+            });
         }
         if n > 0 {
             // Free the staging pages. A DONTNEED of a registered range raises
@@ -968,6 +1142,60 @@ impl Inner {
                 self.stop.store(true, Ordering::Release);
             }
         }
-        n
+        pass
+    }
+
+    /// MOVEs folio `f` (EVICTING) to `dst` in staging. Returns which pages
+    /// moved, and whether some page could not move for a reason other than
+    /// being a hole (it stays mapped).
+    fn move_folio(&self, st: &RegionState, f: usize, dst: u64) -> (Vec<bool>, bool) {
+        let fs = self.cfg.folio_size as u64;
+        let mut present = vec![false; fs as usize / PAGE_SIZE];
+        let mut stuck = false;
+        let mut off = 0u64;
+        while off < fs {
+            // Read the address each time: a REMAP may move the region.
+            let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
+            // SAFETY: src lies in a registered region (or a range it left,
+            // which then fails) and dst in our registered staging area;
+            // neither is covered by a reference.
+            match unsafe { self.uffd.move_until_hole(dst + off, src + off, fs - off) } {
+                Ok(n) => {
+                    present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
+                    // A hole (or the end) follows what moved.
+                    off += n + PAGE_SIZE as u64;
+                }
+                // An event is unread: the handler reads it (it never waits
+                // for an EVICTING folio), then the MOVE goes through.
+                Err(UffdError::Again { done }) => {
+                    present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
+                    off += done;
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                // A page that cannot move (mlocked, shared, pinned) stays.
+                Err(_) => {
+                    stuck = true;
+                    off += PAGE_SIZE as u64;
+                }
+            }
+        }
+        (present, stuck)
+    }
+
+    /// Ends an eviction of folio `f` under its stripe lock: `done` gets the
+    /// pages the program dropped meanwhile (their entries are gone after
+    /// it) and sets the new state; waiters are woken.
+    fn finish(&self, st: &RegionState, f: usize, done: impl FnOnce(&[bool])) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let (lock, cv) = self.stripe(st, f);
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = self.dropped.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f));
+        let dropped = dropped.unwrap_or_else(|| vec![false; ppf]);
+        done(&dropped);
+        for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
+            self.tier.invalidate(st.key(f * ppf + p));
+        }
+        cv.notify_all();
+        drop(g);
     }
 }

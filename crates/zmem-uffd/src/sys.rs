@@ -33,6 +33,8 @@ use thiserror::Error;
 pub const UFFDIO_MOVE: Opcode = 0xC028_AA05;
 pub const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
 pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
+/// `_IOWR(UFFDIO, _UFFDIO_POISON, struct uffdio_poison)` (32 bytes).
+pub const UFFDIO_POISON: Opcode = 0xC020_AA08;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
 const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 2;
 /// `_IO(0xAA, 0x00)` on `/dev/userfaultfd`.
@@ -469,6 +471,27 @@ impl Uffd {
             }
         }
         Ok(done)
+    }
+
+    /// Marks the missing range `[dst, dst + len)` poisoned: a thread that
+    /// touches it gets SIGBUS (as for a hardware memory error), never data.
+    /// Wakes the threads faulting there. Needs [`Features::POISON`].
+    ///
+    /// # Errors
+    /// [`UffdError::Again`] while an event is unread; the ioctl's error
+    /// other than EEXIST (a page already present counts as resolved).
+    pub fn poison(&self, dst: u64, len: u64) -> Result<u64, UffdError> {
+        self.fill("UFFDIO_POISON", dst, len, false, |done| {
+            let mut p = uapi::uffdio_poison {
+                range: uapi::uffdio_range { start: dst + done, len: len - done },
+                mode: 0,
+                updated: 0,
+            };
+            // SAFETY: one struct uffdio_poison in and out; poisoning installs
+            // a marker in a missing page-table entry and writes no memory.
+            let r = unsafe { call::<{ UFFDIO_POISON }, _>(self.fd.as_fd(), &mut p) };
+            (r, p.updated)
+        })
     }
 
     /// Write-protects (or unprotects) `[addr, addr + len)`; unprotecting

@@ -367,3 +367,60 @@ fn write_tracking_keeps_a_hot_set_resident() {
     eprintln!("hot refaults per touch: tracked {tracked}/{touches}, fault-in only {untracked}/{touches}");
     assert!(tracked * 4 < untracked, "tracked {tracked}, untracked {untracked} of {touches}: {s:?}");
 }
+
+/// Issue 11, finding 1: reclaim's MOVE got EAGAIN (an unread REMOVE event)
+/// while it held a folio's stripe lock, and the handler, which alone can
+/// read that event, waited for the same lock. A storm of madvise and
+/// faults over a region 8x a minimal limit hit it within seconds.
+#[test]
+fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
+    let _wd = watchdog("madvise-storm", 120);
+    let limit = 2 << 20;
+    let p = Arc::new(pager(limit));
+    let r = Arc::new(p.map(8 * limit).unwrap());
+    let pages = r.len() / PAGE_SIZE;
+    let threads = 4usize;
+    let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
+            s.spawn(move || {
+                let mut x = (t as u64 + 11).wrapping_mul(0x2545_F491_4F6C_DD1D);
+                for _ in 0..6000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let pg = ((x as usize >> 8) % (pages / threads)) * threads + t;
+                    let v = versions[pg].load(Ordering::Relaxed);
+                    if x % 3 == 0 {
+                        let a = r.addr() as usize + pg * PAGE_SIZE;
+                        // SAFETY: one page of our region, reached only
+                        // through atomics; its owner thread is this one.
+                        unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }
+                            .unwrap();
+                        versions[pg].store(DROPPED, Ordering::Relaxed);
+                    } else if x & 1 == 0 || v == 0 {
+                        let nv = if v == DROPPED { 1 } else { v + 1 };
+                        write_page(&r, pg, nv);
+                        versions[pg].store(nv, Ordering::Relaxed);
+                    } else {
+                        mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    for pg in 0..pages {
+        let v = versions[pg].load(Ordering::Relaxed);
+        if v > 0 {
+            mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
+        }
+    }
+    let s = p.stats();
+    assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
+    assert!(s.evicted_folios > 0 && s.load_faults > 0, "{s:?}");
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
+}
