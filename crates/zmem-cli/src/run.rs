@@ -10,7 +10,7 @@ use zmem_uffd::Settings;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_STATS_DIR, \
+ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_STATS_DIR, \
 ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -23,9 +23,13 @@ pub struct Args {
     /// The pool's share of the limit, percent.
     #[arg(long)]
     max_pool_percent: Option<String>,
-    /// Write cold compressed pages back to a swap file in this directory.
+    /// Write cold pages back to a swap file in this directory (on disk, not
+    /// tmpfs) [default: /var/tmp].
     #[arg(long)]
     swapfile: Option<PathBuf>,
+    /// No swap file: when the pool is full, the limit turns soft.
+    #[arg(long, conflicts_with = "swapfile")]
+    no_writeback: bool,
     /// Do not encrypt the swap file (AES-XTS by default).
     #[arg(long)]
     no_encrypt: bool,
@@ -37,7 +41,7 @@ pub struct Args {
     folio: Option<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
-    cmd: Vec<String>,
+    cmd: Vec<std::ffi::OsString>,
 }
 
 /// Where the shim library is: `$ZMEM_PRELOAD`, or next to this binary.
@@ -65,7 +69,8 @@ fn preload_path() -> Result<PathBuf> {
 
 pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The environment's ZMEM_* settings, overridden by the flags.
-    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("ZMEM_")).collect();
+    // Read as bytes: other variables may hold anything.
+    let mut vars = zmem_uffd::zmem_vars(std::env::vars_os()).map_err(|e| anyhow::anyhow!(e))?;
     let mut set = |k: &str, v: Option<String>| {
         if let Some(v) = v {
             vars.retain(|(key, _)| key != k);
@@ -77,18 +82,20 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_MAX_POOL_PERCENT", args.max_pool_percent.clone());
     set("ZMEM_SWAPFILE_DIR", args.swapfile.as_ref().map(|p| p.display().to_string()));
     set("ZMEM_NO_ENCRYPT", args.no_encrypt.then(|| "1".to_string()));
+    set("ZMEM_WRITEBACK", args.no_writeback.then(|| "0".to_string()));
     set("ZMEM_THRESHOLD", args.threshold.clone());
     set("ZMEM_FOLIO", args.folio.clone());
     // A bad value is an error here, before the program starts.
     Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
     let so = preload_path()?;
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(old) if !old.is_empty() => format!("{} {old}", so.display()),
-        _ => so.display().to_string(),
-    };
+    let mut preload = so.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(" ");
+        preload.push(old);
+    }
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
-    let status = cmd.status().with_context(|| format!("start {}", args.cmd[0]))?;
+    let status = cmd.status().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Ok(std::process::ExitCode::from(code as u8))

@@ -239,3 +239,65 @@ fn the_c_header_api_maps_checks_and_reports() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "api ok");
 }
+
+/// Issue 11, finding 2: a non-UTF-8 variable made the shim panic inside the
+/// program's first mmap, which aborted every program. Arguments that are
+/// not UTF-8 pass through too.
+#[test]
+fn a_non_utf8_environment_and_arguments_pass_through() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"caf\xe9-\xff");
+    let o = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(["run", "--limit", "32M", "--", "python3", "-c"])
+        .arg(format!("import os, sys\n{PY}\nassert os.environb[b'ZMEM_TEST_BAD'] == b'caf\\xe9-\\xff'\nassert os.fsencode(sys.argv[2]) == b'caf\\xe9-\\xff'"))
+        .args(["64"])
+        .arg(bad)
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_TEST_BAD", bad)
+        .env("ZMEM_STATS_DIR", tmpdir("utf8-stats"))
+        .output()
+        .unwrap();
+    // ZMEM_TEST_BAD is a ZMEM_ name: it must be refused with a message, not a panic.
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not UTF-8"), "{}", text(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(["run", "--limit", "32M", "--", "python3", "-c"])
+        .arg(format!("import os, sys\n{PY}\nassert os.environb[b'LANG_BAD'] == b'caf\\xe9-\\xff'\nassert os.fsencode(sys.argv[2]) == b'caf\\xe9-\\xff'"))
+        .args(["64"])
+        .arg(bad)
+        .env("ZMEM_PRELOAD", preload())
+        .env("LANG_BAD", bad)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 64"), "{}", text(&o));
+}
+
+/// Incompressible data 4x the limit with writeback off: the pool cannot
+/// take it, so the limit turns soft (one warning) and the program runs on,
+/// instead of reclaim spinning on rejections (issue 11, finding 3).
+#[test]
+fn with_writeback_off_a_full_pool_makes_the_limit_soft_not_a_livelock() {
+    let stats = tmpdir("soft-stats");
+    let py = r#"
+import hashlib, os, sys, glob, json, time
+blocks = [os.urandom(1 << 20) for _ in range(128)]
+sums = [hashlib.sha256(b).digest() for b in blocks]
+for _ in range(3):
+    for b, s in zip(blocks, sums):
+        assert hashlib.sha256(b).digest() == s
+time.sleep(0.5)
+st = json.load(open(glob.glob(os.path.join(sys.argv[1], 'zmem-%d.json' % os.getpid()))[0]))
+print("ok", st["pager"]["limit_soft_events"], st["pager"]["eviction_rejects"])
+"#;
+    let o = zmem(
+        &["run", "--limit", "32M", "--no-writeback", "--", "python3", "-c", py, stats.to_str().unwrap()],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        180,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let f: Vec<u64> = out.trim().split(' ').skip(1).map(|x| x.parse().unwrap()).collect();
+    assert!(f[0] >= 1 && f[1] >= 1, "{}", text(&o));
+    let warnings = String::from_utf8_lossy(&o.stderr).matches("the limit is soft").count();
+    assert_eq!(warnings, 1, "{}", text(&o));
+}

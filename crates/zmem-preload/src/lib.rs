@@ -60,12 +60,23 @@ pub fn mark_internal_thread() {
     IN_ZMEM.with(|c| c.set(true));
 }
 
-/// Runs `f` with the reentrancy flag set.
-fn guarded<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f` with the reentrancy flag set, catching any panic: nothing may
+/// unwind across the C ABI (that aborts the program). After a panic the
+/// shim takes no new memory (`BROKEN`) and `None` is returned; what it
+/// already manages stays served.
+fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
     let was = IN_ZMEM.with(|c| c.replace(true));
-    let r = f();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     IN_ZMEM.with(|c| c.set(was));
-    r
+    match r {
+        Ok(r) => Some(r),
+        Err(_) => {
+            if !BROKEN.swap(true, Ordering::Relaxed) {
+                eprintln!("zmem: internal error (a panic, reported above); the shim takes no new memory");
+            }
+            None
+        }
+    }
 }
 
 /// A managed mapping.
@@ -88,6 +99,8 @@ static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// In a forked child: everything passes through.
 static CHILD: AtomicBool = AtomicBool::new(false);
+/// The shim panicked once: it manages no new memory.
+static BROKEN: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_in_child() {
     CHILD.store(true, Ordering::Relaxed);
@@ -97,7 +110,7 @@ fn shim() -> Option<&'static Shim> {
     if CHILD.load(Ordering::Relaxed) {
         return None;
     }
-    SHIM.get_or_init(|| guarded(init)).as_ref()
+    SHIM.get_or_init(|| guarded(init).flatten()).as_ref()
 }
 
 fn init() -> Option<Shim> {
@@ -182,6 +195,11 @@ fn stats_json(s: &Shim) -> String {
             "eviction_rejects": p.eviction_rejects,
             "eviction_waits": p.eviction_waits,
             "direct_reclaim_waits": p.direct_reclaim_waits,
+            "limit_soft_events": p.limit_soft_events,
+            "limit_soft": p.limit_soft,
+            "unevictable_folios": p.unevictable_folios,
+            "held_bytes": p.held_bytes,
+            "poisoned_pages": p.poisoned_pages,
             "tracking_writes": p.tracking_writes,
         },
         "tier": tier,
@@ -199,6 +217,7 @@ fn managed_alloc(len: usize) -> Option<*mut c_void> {
         LIVE.fetch_add(1, Ordering::Relaxed);
         Some(addr as *mut c_void)
     })
+    .flatten()
 }
 
 /// The managed mapping that contains `addr`: (start, region length, asked length).
@@ -216,6 +235,7 @@ fn lookup(addr: usize) -> Option<(usize, usize, usize)> {
         let (&start, m) = regions.range(..=addr).next_back()?;
         (addr < start + m.region.len()).then_some((start, m.region.len(), m.len))
     })
+    .flatten()
 }
 
 /// Drops the managed mapping at `start`.
@@ -231,7 +251,7 @@ fn managed_free(start: usize) {
 }
 
 fn wants(len: usize) -> bool {
-    !in_zmem() && !CHILD.load(Ordering::Relaxed) && len >= threshold()
+    !in_zmem() && !CHILD.load(Ordering::Relaxed) && !BROKEN.load(Ordering::Relaxed) && len >= threshold()
 }
 
 fn threshold() -> usize {
@@ -407,6 +427,7 @@ unsafe fn glibc_usable_size(p: *mut c_void) -> usize {
             // SAFETY: glibc's malloc_usable_size has this signature.
             (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, UsableSize>(sym) })
         })
+        .flatten()
     });
     // SAFETY: p is glibc's (the caller's contract).
     f.map_or(0, |f| unsafe { f(p) })
@@ -494,6 +515,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
                     m.unmapped >= cap
                 })
             })
+            .unwrap_or(false)
         });
         if whole {
             managed_free(start);
@@ -604,7 +626,7 @@ pub unsafe extern "C" fn zmem_is_managed(p: *const c_void) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn zmem_stats_json(buf: *mut u8, len: usize) -> isize {
     let Some(s) = shim() else { return -1 };
-    let json = guarded(|| stats_json(s));
+    let Some(json) = guarded(|| stats_json(s)) else { return -1 };
     if !buf.is_null() && len > 0 {
         let n = json.len().min(len - 1);
         // SAFETY: the caller gives len writable bytes at buf.

@@ -16,5 +16,5 @@ pub mod sys;
 
 pub use mapping::Mapping;
 pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
-pub use settings::{parse_size, Settings};
+pub use settings::{check_swapfile_dir, parse_size, zmem_vars, Settings};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

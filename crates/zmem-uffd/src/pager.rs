@@ -227,7 +227,13 @@ fn inc(c: &AtomicU64) {
 struct Lru {
     active: VecDeque<(Arc<RegionState>, usize)>,
     inactive: VecDeque<(Arc<RegionState>, usize)>,
+    /// Folios whose pages would not move (mlocked): not looked at until
+    /// `UNEVICTABLE_RESCAN` has passed.
+    unevictable: Vec<(Arc<RegionState>, usize)>,
 }
+
+/// How often unevictable folios go back on the inactive list for a look.
+const UNEVICTABLE_RESCAN: Duration = Duration::from_secs(10);
 
 /// A region's bookkeeping: 3 bytes per folio.
 #[derive(Debug)]
@@ -340,6 +346,12 @@ impl Region {
     pub fn is_resident(&self, offset: usize) -> bool {
         let f = offset / self.inner.cfg.folio_size;
         self.state.state.get(f).is_some_and(|s| s.load(Ordering::Acquire) == RESIDENT)
+    }
+
+    /// The tier key of the page holding byte `offset` (for tools and tests
+    /// that look at where a page is stored).
+    pub fn entry_key(&self, offset: usize) -> u64 {
+        self.state.key(offset / PAGE_SIZE)
     }
 
     /// The region as atomic words, for the lifetime of the region (touching
@@ -699,65 +711,60 @@ impl Inner {
         let folio_addr = start + f as u64 * fs;
         let (lock, _) = self.stripe(&st, f);
         let g = lock.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            match st.state[f].load(Ordering::Acquire) {
-                EVICTING => {
-                    // Never wait here: the evictor may need this thread to
-                    // read an event before its MOVE can finish.
-                    inc(&self.counters.eviction_waits);
-                    return Served::Busy;
+        match st.state[f].load(Ordering::Acquire) {
+            EVICTING => {
+                // Never wait here: the evictor may need this thread to
+                // read an event before its MOVE can finish.
+                inc(&self.counters.eviction_waits);
+                return Served::Busy;
+            }
+            NEVER => {
+                // SAFETY: the folio lies in our registered region, reached
+                // only through atomics and the kernel.
+                if let Err(UffdError::Again { .. }) = unsafe { self.uffd.zeropage(folio_addr, fs, false) } {
+                    return Served::Again;
                 }
-                NEVER => {
-                    // SAFETY: the folio lies in our registered region, reached
-                    // only through atomics and the kernel.
-                    if let Err(UffdError::Again { .. }) = unsafe { self.uffd.zeropage(folio_addr, fs, false) } {
-                        return Served::Again;
-                    }
-                    self.became_resident(&st, f);
-                    inc(&self.counters.zero_faults);
-                    break;
-                }
-                EVICTED => {
-                    bounce.fill(0);
-                    let ppf = bounce.len() / PAGE_SIZE;
-                    let mut bad = vec![false; ppf];
-                    for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                        match self.tier.load(st.key(f * ppf + i), page) {
-                            Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
-                            Err(e) => {
-                                // Never hand the program wrong data: the
-                                // page is poisoned below (SIGBUS on touch).
-                                eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
-                                bad[i] = true;
-                            }
+                self.became_resident(&st, f);
+                inc(&self.counters.zero_faults);
+            }
+            EVICTED => {
+                bounce.fill(0);
+                let ppf = bounce.len() / PAGE_SIZE;
+                let mut bad = vec![false; ppf];
+                for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                    match self.tier.load(st.key(f * ppf + i), page) {
+                        Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
+                        Err(e) => {
+                            // Never hand the program wrong data: the
+                            // page is poisoned below (SIGBUS on touch).
+                            eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
+                            bad[i] = true;
                         }
                     }
-                    if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get(&(st.id, f)) {
-                        for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
-                            page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-                        }
-                    }
-                    if self.copy_folio(folio_addr, bounce, &bad) == Served::Again {
-                        // Nothing is lost: the entries are still in the tier.
-                        return Served::Again;
-                    }
-                    let nbad = bad.iter().filter(|&&b| b).count() as u64;
-                    self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
-                    self.invalidate_folio(&st, f);
-                    self.became_resident(&st, f);
-                    inc(&self.counters.load_faults);
-                    break;
                 }
-                _ => {
-                    // A page the program dropped from a resident folio.
-                    // SAFETY: as above.
-                    let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
-                    if let Err(UffdError::Again { .. }) = r {
-                        return Served::Again;
+                if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get(&(st.id, f)) {
+                    for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
+                        page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                     }
-                    inc(&self.counters.dropped_page_faults);
-                    break;
                 }
+                if self.copy_folio(folio_addr, bounce, &bad) == Served::Again {
+                    // Nothing is lost: the entries are still in the tier.
+                    return Served::Again;
+                }
+                let nbad = bad.iter().filter(|&&b| b).count() as u64;
+                self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
+                self.invalidate_folio(&st, f);
+                self.became_resident(&st, f);
+                inc(&self.counters.load_faults);
+            }
+            _ => {
+                // A page the program dropped from a resident folio.
+                // SAFETY: as above.
+                let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+                if let Err(UffdError::Again { .. }) = r {
+                    return Served::Again;
+                }
+                inc(&self.counters.dropped_page_faults);
             }
         }
         drop(g);
@@ -929,7 +936,14 @@ impl Inner {
             None
         };
         let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
+        let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
         loop {
+            if Instant::now() >= rescan_at {
+                rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
+                let mut lru = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+                let back = std::mem::take(&mut lru.unevictable);
+                lru.inactive.extend(back);
+            }
             {
                 let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
                 if !*k {
@@ -950,7 +964,8 @@ impl Inner {
                 while self.usage() > self.low() {
                     let pass = self.evict_batch(&staging, tracker.as_mut());
                     self.reclaimed.1.notify_all();
-                    if pass.evicted > 0 {
+                    if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
+                        // Progress, or unevictable folios set aside: go on.
                         backoff = Duration::ZERO;
                         self.soft.store(false, Ordering::Relaxed);
                         continue;
@@ -1076,8 +1091,10 @@ impl Inner {
                     st.state[f].store(RESIDENT, Ordering::Release);
                     self.resident.fetch_add(1, Ordering::Relaxed);
                 });
+                // Off the lists (as the kernel's unevictable LRU) until
+                // reclaim looks again, now and then: it may be unlocked.
                 st.queued[f].store(true, Ordering::Release);
-                self.clock.lock().unwrap_or_else(|e| e.into_inner()).active.push_back((Arc::clone(&st), f));
+                self.clock.lock().unwrap_or_else(|e| e.into_inner()).unevictable.push((Arc::clone(&st), f));
                 self.clock_len.fetch_add(1, Ordering::Relaxed);
                 inc(&self.counters.unevictable_folios);
                 pass.unevictable += 1;

@@ -6,7 +6,8 @@
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle` |
 //! | `ZMEM_MAX_POOL_PERCENT` | `20` | the pool's share of the limit (1..=100) |
-//! | `ZMEM_SWAPFILE_DIR` | (none) | write back to a swap file in this directory |
+//! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
+//! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
 //! | `ZMEM_THRESHOLD` | `1M` | mappings and allocations this large or larger are managed |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
@@ -26,6 +27,7 @@ pub struct Settings {
     pub limit: usize,
     pub compressor: CodecSpec,
     pub max_pool_percent: u32,
+    /// Where the swap file goes; `None`: writeback is off.
     pub swapfile_dir: Option<PathBuf>,
     pub encrypt: bool,
     pub threshold: usize,
@@ -67,6 +69,30 @@ impl Settings {
     /// `ZMEM_THRESHOLD`'s default (a constant: the shim needs it before it
     /// may allocate).
     pub const DEFAULT_THRESHOLD: usize = 1 << 20;
+    /// Where the swap file goes unless `ZMEM_SWAPFILE_DIR` says otherwise:
+    /// a disk directory (tmpfs would keep written-back pages in RAM).
+    pub const DEFAULT_SWAPFILE_DIR: &'static str = "/var/tmp";
+}
+
+/// Why `dir` cannot hold a swap file (not a directory, or in RAM).
+///
+/// # Errors
+/// A message naming the directory and what to do.
+pub fn check_swapfile_dir(dir: &std::path::Path) -> Result<(), String> {
+    if !dir.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    match rustix::fs::statfs(dir) {
+        // TMPFS_MAGIC, RAMFS_MAGIC: pages written back there stay in memory.
+        Ok(st) if st.f_type as u64 == 0x0102_1994 || st.f_type as u64 == 0x8584_58f6 => Err(format!(
+            "{} is in RAM (tmpfs or ramfs): written-back pages would stay in memory; \
+             pick a directory on disk with ZMEM_SWAPFILE_DIR or --swapfile, or turn writeback off \
+             with ZMEM_WRITEBACK=0 (--no-writeback)",
+            dir.display()
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{}: statfs: {e}", dir.display())),
+    }
 }
 
 impl Default for Settings {
@@ -75,7 +101,7 @@ impl Default for Settings {
             limit: 1 << 30,
             compressor: "lz4".parse().expect("lz4 is a codec"),
             max_pool_percent: 20,
-            swapfile_dir: None,
+            swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
             folio: 64 << 10,
@@ -93,6 +119,7 @@ impl Settings {
     /// The first bad value, as `ZMEM_X=value: why`.
     pub fn from_vars<K: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (K, V)>) -> Result<Settings, String> {
         let mut s = Settings::default();
+        let (mut writeback, mut swapfile_dir) = (true, None);
         for (k, v) in vars {
             let (k, v) = (k.as_ref(), v.as_ref());
             let size = |v: &str| parse_size(v).map_err(|e| format!("{k}={v}: {e}"));
@@ -106,13 +133,8 @@ impl Settings {
                         .filter(|p| (1..=100).contains(p))
                         .ok_or_else(|| format!("{k}={v}: expected a percent in 1..=100"))?;
                 }
-                "ZMEM_SWAPFILE_DIR" => {
-                    let d = PathBuf::from(v);
-                    if !d.is_dir() {
-                        return Err(format!("{k}={v}: not a directory"));
-                    }
-                    s.swapfile_dir = Some(d);
-                }
+                "ZMEM_SWAPFILE_DIR" => swapfile_dir = Some(PathBuf::from(v)),
+                "ZMEM_WRITEBACK" => writeback = parse_bool(k, v)?,
                 "ZMEM_NO_ENCRYPT" => s.encrypt = !parse_bool(k, v)?,
                 "ZMEM_THRESHOLD" => s.threshold = size(v)?,
                 "ZMEM_FOLIO" => {
@@ -134,6 +156,13 @@ impl Settings {
                 _ => {}
             }
         }
+        s.swapfile_dir = if writeback {
+            let d = swapfile_dir.unwrap_or_else(|| PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR));
+            check_swapfile_dir(&d).map_err(|e| format!("ZMEM_SWAPFILE_DIR={e}"))?;
+            Some(d)
+        } else {
+            None
+        };
         if s.limit < 16 << 20 {
             return Err(format!("ZMEM_LIMIT={}: at least 16M", s.limit));
         }
@@ -147,8 +176,10 @@ impl Settings {
     ///
     /// # Errors
     /// As [`Settings::from_vars`].
+    /// Only `ZMEM_*` variables are read, as bytes: any other variable may
+    /// hold anything (a non-UTF-8 value is no error, and never a panic).
     pub fn from_env() -> Result<Settings, String> {
-        Settings::from_vars(std::env::vars())
+        Settings::from_vars(zmem_vars(std::env::vars_os())?)
     }
 
     /// The pager these settings describe.
@@ -169,6 +200,27 @@ impl Settings {
     }
 }
 
+/// The `ZMEM_*` pairs of an environment given as bytes; other variables
+/// are skipped whatever they hold.
+///
+/// # Errors
+/// A `ZMEM_*` variable whose value is not UTF-8.
+pub fn zmem_vars(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(String, String)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = Vec::new();
+    for (k, v) in vars {
+        if !k.as_bytes().starts_with(b"ZMEM_") {
+            continue;
+        }
+        let k = k.into_string().map_err(|k| format!("{}: a ZMEM_ name that is not UTF-8", k.to_string_lossy()))?;
+        let v = v.into_string().map_err(|v| format!("{k}={}: not UTF-8", v.to_string_lossy()))?;
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,10 +237,37 @@ mod tests {
             ("ZMEM_MAX_POOL_PERCENT", "0", "1..=100"),
             ("ZMEM_FOLIO", "48K", "power of two"),
             ("ZMEM_SWAPFILE_DIR", "/nonexistent/dir", "not a directory"),
+            ("ZMEM_SWAPFILE_DIR", "/dev/shm", "in RAM"),
+            ("ZMEM_WRITEBACK", "maybe", "expected 0 or 1"),
             ("ZMEM_LIMTI", "1G", "unknown setting"),
         ] {
             let e = Settings::from_vars([(k, v)]).unwrap_err();
             assert!(e.contains(why), "{k}={v}: {e}");
         }
+    }
+
+    #[test]
+    fn writeback_is_on_by_default_and_can_be_turned_off() {
+        let s = Settings::from_vars::<&str, &str>([]).unwrap();
+        assert_eq!(s.swapfile_dir.as_deref(), Some(std::path::Path::new("/var/tmp")));
+        assert!(s.pager_config().tier.writeback);
+        let s = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap();
+        assert_eq!(s.swapfile_dir, None);
+        assert!(!s.pager_config().tier.writeback);
+    }
+
+    /// Issue 11, finding 2: `std::env::vars()` panicked on a non-UTF-8
+    /// variable, inside the program's first mmap.
+    #[test]
+    fn a_non_utf8_variable_is_skipped_and_a_non_utf8_setting_is_an_error() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(vec![b'a', 0xff, 0xfe]);
+        let env =
+            vec![(OsString::from("LANG_X"), bad()), (bad(), OsString::from("1")), ("ZMEM_LIMIT".into(), "64M".into())];
+        let v = zmem_vars(env).unwrap();
+        assert_eq!(v, [("ZMEM_LIMIT".to_string(), "64M".to_string())]);
+        let e = zmem_vars(vec![(OsString::from("ZMEM_LIMIT"), bad())]).unwrap_err();
+        assert!(e.contains("ZMEM_LIMIT") && e.contains("not UTF-8"), "{e}");
     }
 }

@@ -424,3 +424,99 @@ fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
 }
+
+/// Set in the child process of a test that must die by a signal.
+const CHILD_ENV: &str = "ZMEM_PAGER_TEST_CHILD";
+
+/// Runs test `name` again in a child process (with `CHILD_ENV` set) and
+/// returns its output.
+fn run_child(name: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap()
+}
+
+/// Issue 11, finding 4: a page that failed to load read as zeros. Now it is
+/// poisoned (UFFDIO_POISON): the program gets SIGBUS there, and the other
+/// pages of its folio load intact.
+#[test]
+fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::process::ExitStatusExt;
+    if std::env::var_os(CHILD_ENV).is_none() {
+        let _wd = watchdog("poison-parent", 120);
+        let o = run_child("a_corrupt_swap_slot_is_sigbus_never_wrong_data");
+        let err = String::from_utf8_lossy(&o.stderr);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("touching the corrupt page"), "stdout: {out}\nstderr: {err}");
+        assert_eq!(o.status.signal(), Some(libc::SIGBUS), "stdout: {out}\nstderr: {err}");
+        assert!(err.contains("failed to load"), "stderr: {err}");
+        return;
+    }
+    let _wd = watchdog("poison-child", 60);
+    let limit = 4 << 20;
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.tier = TierConfig { max_pool_bytes: Some(1 << 20), memory_budget: limit, ..TierConfig::default() };
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 5);
+    }
+    p.reclaim_now();
+    let t = p.tier();
+    let (pg, slot) = (0..pages)
+        .rev()
+        .find_map(|pg| match t.lookup(r.entry_key(pg * PAGE_SIZE)) {
+            Some(zmem_tier::Stored::Swap { slot }) => Some((pg, slot)),
+            _ => None,
+        })
+        .expect("a page in the swap file");
+    let f = t.swap_file().unwrap().file();
+    let off = u64::from(slot) * PAGE_SIZE as u64 + 100;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], off).unwrap();
+    // A neighbour in the same folio (16 pages) loads intact...
+    let ppf = 16;
+    let other = if pg % ppf == 0 { pg + 1 } else { pg - 1 };
+    assert_eq!(check_page(&r, other, 5), 0, "page {other}");
+    println!("touching the corrupt page {pg}");
+    // ...and the corrupt one is SIGBUS, never the wrong bytes.
+    let w = r.words()[pg * WORDS].load(Ordering::Relaxed);
+    println!("read {w:#x} from a corrupt page: wrong data");
+}
+
+/// Issue 11, finding 6: mlocked memory holds what the program wants kept
+/// off disk. It is never evicted, so it never reaches the pool or the swap
+/// file, and everything else still is.
+#[test]
+fn mlocked_pages_are_never_stored_or_written_back() {
+    let _wd = watchdog("mlock", 120);
+    let limit = 4 << 20;
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.tier = TierConfig { max_pool_bytes: Some(1 << 20), memory_budget: limit, ..TierConfig::default() };
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    let locked = (1 << 20) / PAGE_SIZE;
+    // SAFETY: the first MiB of our region; mlock faults it in (the handler
+    // serves it) and pins it.
+    unsafe { rustix::mm::mlock(r.addr() as *mut _, locked * PAGE_SIZE) }.expect("mlock (RLIMIT_MEMLOCK?)");
+    for round in 1..=3u32 {
+        for pg in 0..r.len() / PAGE_SIZE {
+            write_page(&r, pg, round);
+        }
+        p.reclaim_now();
+        for pg in 0..locked {
+            assert!(p.tier().lookup(r.entry_key(pg * PAGE_SIZE)).is_none(), "locked page {pg} was stored");
+        }
+        for pg in 0..r.len() / PAGE_SIZE {
+            assert_eq!(check_page(&r, pg, round), 0, "page {pg}");
+        }
+    }
+    let s = p.stats();
+    assert!(s.unevictable_folios > 0 && s.evicted_folios > 0, "{s:?}");
+    assert!(p.tier().stats().written_back_pages > 0, "{:?}", p.tier().stats());
+}
