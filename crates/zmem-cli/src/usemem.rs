@@ -134,6 +134,19 @@ pub struct WorkerReport {
     same_filled_pages: u64,
     pool_total_size: u64,
     written_back_pages: u64,
+    /// The worker's peak RSS (VmHWM): its pages, its pool, its metadata.
+    peak_rss_bytes: u64,
+    /// zmem workers: the most of their swap file seen in the page cache.
+    swap_page_cache_bytes: u64,
+}
+
+/// This process's peak RSS, from `VmHWM` in /proc/self/status.
+fn peak_rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb << 10)
 }
 
 #[derive(Debug, Serialize)]
@@ -157,6 +170,11 @@ struct RunReport {
     /// Uncompressed bytes in the pool over pool bytes, at the end of writing.
     pool_ratio: Option<f64>,
     mismatched_pages: u64,
+    /// Peak memory as the OS sees it, all workers: for zmem, peak RSS
+    /// (pages, pool, metadata) plus the swap file's page cache; for the
+    /// kernel, the cgroup's max_usage_in_bytes plus zswap's pool, which
+    /// cgroup v1 does not charge; for none, peak RSS.
+    peak_footprint_bytes: u64,
 }
 
 /// The worker's side: `zmem usemem-worker`.
@@ -240,6 +258,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         rep.pool_total_size = s.pool_total_size;
         rep.written_back_pages = s.written_back_pages;
         rep.rejects = s.reject_compress_poor + s.reject_compress_fail + s.reject_alloc_fail + s.reject_reclaim_fail;
+        rep.swap_page_cache_bytes = p.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
     }
     writeln!(out, "W {}", serde_json::to_string(&rep)?)?;
     out.flush()?;
@@ -262,7 +281,10 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     (rep.user_secs, rep.sys_secs) = cpu_secs();
     if let Some(p) = pager.as_ref() {
         rep.zswpin = p.tier().stats().zswpin;
+        let cached = p.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
+        rep.swap_page_cache_bytes = rep.swap_page_cache_bytes.max(cached);
     }
+    rep.peak_rss_bytes = peak_rss();
     writeln!(out, "D {}", serde_json::to_string(&rep)?)?;
     out.flush()?;
     drop(region);
@@ -505,6 +527,7 @@ fn run_one(
     let mut written: Vec<Option<WorkerReport>> = vec![None; args.workers];
     let mut done: Vec<Option<WorkerReport>> = vec![None; args.workers];
     let mut pool_ratio = None;
+    let mut kernel_pool = 0;
     let mut released = false;
     while done.iter().any(Option::is_none) {
         if stop.load(Ordering::Relaxed) {
@@ -528,6 +551,7 @@ fn run_one(
             pool_ratio = match cfg {
                 Config::Kernel { .. } => {
                     let (stored, size) = (debugfs_zswap("stored_pages"), debugfs_zswap("pool_total_size"));
+                    kernel_pool = size;
                     (size > 0).then(|| (stored * PAGE_SIZE as u64) as f64 / size as f64)
                 }
                 Config::Zmem { .. } => {
@@ -568,8 +592,23 @@ fn run_one(
         Config::Zmem { .. } => w.iter().map(|r| r.rejects).sum(),
         _ => kernel_rejects().saturating_sub(rejects0),
     };
+    let peak_rss: u64 = done.iter().map(|r| r.peak_rss_bytes).sum();
+    let peak_footprint_bytes = match cfg {
+        Config::Zmem { .. } => peak_rss + done.iter().map(|r| r.swap_page_cache_bytes).sum::<u64>(),
+        Config::Kernel { .. } | Config::Swap => {
+            let max_usage = setup
+                .as_ref()
+                .and_then(|s| s.cgroup.as_ref())
+                .and_then(|cg| std::fs::read_to_string(cg.join("memory.max_usage_in_bytes")).ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(peak_rss);
+            max_usage + kernel_pool
+        }
+        Config::None => peak_rss,
+    };
     drop(setup);
     Ok(RunReport {
+        peak_footprint_bytes,
         config: cfg.name(),
         workers: args.workers,
         bytes_per_worker: args.size,
@@ -659,7 +698,7 @@ fn print_table(reports: &[RunReport]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<14} {:>8} {:>9} {:>9} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>6}  {}",
+        "{:<14} {:>8} {:>9} {:>9} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
         "config",
         "elapsed",
         "write MB/s",
@@ -671,6 +710,7 @@ fn print_table(reports: &[RunReport]) -> Result<()> {
         "zswpin",
         "rejects",
         "ratio",
+        "peak MiB",
         base.map_or(String::new(), |b| format!("vs {}", b.config))
     )?;
     for r in reports {
@@ -684,7 +724,7 @@ fn print_table(reports: &[RunReport]) -> Result<()> {
         });
         writeln!(
             out,
-            "{:<14} {:>7.2}s {:>10.0} {:>9.0} {:>11.0} {:>11.0} {:>7.2} {:>9} {:>9} {:>7} {:>6}  {}",
+            "{:<14} {:>7.2}s {:>10.0} {:>9.0} {:>11.0} {:>11.0} {:>7.2} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
             r.config,
             r.elapsed_secs,
             r.write_mbps,
@@ -696,6 +736,7 @@ fn print_table(reports: &[RunReport]) -> Result<()> {
             r.zswpin,
             r.rejects,
             r.pool_ratio.map_or("-".into(), |x| format!("{x:.2}")),
+            r.peak_footprint_bytes >> 20,
             vs
         )?;
     }

@@ -203,6 +203,13 @@ fn zmem_stats_reads_a_running_process() {
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["limit"], 32 << 20);
+    // The footprint as the OS sees it: RSS plus the swap file's page cache
+    // (O_DIRECT keeps that near zero). Python holds 96 MiB of blocks; under
+    // a 32 MiB limit its footprint is the limit plus the interpreter.
+    let fp = &v["footprint"];
+    eprintln!("footprint: {fp}");
+    assert!(fp["swap_page_cache_bytes"].as_u64().unwrap() <= 1 << 20, "{v}");
+    assert!(fp["footprint_bytes"].as_u64().unwrap() < 72 << 20, "{v}");
     assert!(v["pager"]["evicted_folios"].as_u64().unwrap() > 0, "{v}");
     assert!(v["tier"]["stored_pages"].is_u64(), "{v}");
     let o = zmem(&["stats", pid, "--prometheus"], &[("ZMEM_STATS_DIR", dir)], 30);

@@ -11,6 +11,7 @@
 //!   queues, a bounded submit wait with software fallback, and optional
 //!   verification of every compressed output.
 //! - [`corpus`]: real anonymous-memory pages for tests and benchmarks.
+//! - [`inject`]: fault injection (a codec that fails now and then).
 #![forbid(unsafe_code)]
 
 pub mod batch;
@@ -18,6 +19,7 @@ pub mod codec;
 pub mod corpus;
 pub mod engines;
 mod error;
+pub mod inject;
 
 pub use batch::{Batch, BatchCompressor, BatchItem, Factory, ItemError, Op, Sequential, Ticket};
 pub use codec::{CodecKind, CodecSpec, Compressor};

@@ -177,8 +177,21 @@ fn stats_json(s: &Shim) -> String {
     let p = s.pager.stats();
     let t = s.pager.tier().stats();
     let tier: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap_or(serde_json::Value::Null);
+    // The footprint as the OS sees it: RSS (the program's pages, the pool,
+    // zmem's metadata) plus the swap file's pages in the page cache.
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * PAGE as u64);
+    let cached = s.pager.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
     serde_json::json!({
         "pid": std::process::id(),
+        "footprint": {
+            "rss_bytes": rss,
+            "swap_page_cache_bytes": cached,
+            "footprint_bytes": rss + cached,
+            "limit": s.settings.limit,
+        },
         "updated_unix_ms": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),

@@ -116,6 +116,12 @@ pub struct SwapFile {
     checksum_failures: AtomicU64,
     direct_io: bool,
     buffered: std::sync::OnceLock<File>,
+    /// Fault injection: this many of the next writes fail with EIO.
+    inject_eio: std::sync::atomic::AtomicU32,
+}
+
+fn libc_eio() -> i32 {
+    rustix::io::Errno::IO.raw_os_error()
 }
 
 /// Turns on `O_DIRECT` for `file`; false where the filesystem refuses it.
@@ -217,6 +223,7 @@ impl SwapFile {
             checksum_failures: AtomicU64::new(0),
             direct_io,
             buffered: std::sync::OnceLock::new(),
+            inject_eio: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -315,6 +322,10 @@ impl SwapFile {
     }
 
     fn pwritev_all(&self, mut iov: Vec<IoSlice<'_>>, slot: Slot) -> Result<(), SwapError> {
+        if self.inject_eio.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+            let source = std::io::Error::from_raw_os_error(libc_eio());
+            return Err(SwapError::Io { op: "pwritev", slot, source });
+        }
         let mut off = u64::from(slot) * PAGE_SIZE as u64;
         let mut bufs = &mut iov[..];
         while !bufs.is_empty() {
@@ -412,6 +423,13 @@ impl SwapFile {
     pub fn metadata_bytes(&self) -> usize {
         let g = self.lock();
         g.sums.capacity() * 4 + (g.map.nr_slots() as usize).div_ceil(8)
+    }
+
+    /// Fault injection (`zmem bench soak`, tests): the next `n` writes fail
+    /// with EIO, as a failing disk would.
+    #[doc(hidden)]
+    pub fn inject_write_errors(&self, n: u32) {
+        self.inject_eio.store(n, Ordering::Relaxed);
     }
 
     /// The file through a buffered descriptor of its own (any offset and

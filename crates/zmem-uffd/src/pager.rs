@@ -168,6 +168,9 @@ pub struct PagerStats {
     pub dropped_page_faults: u64,
     /// Faults that waited for an eviction to finish.
     pub eviction_waits: u64,
+    /// Faults outside every region (a region being dropped, or zmem
+    /// touching its own staging: a bug), answered with a zero page.
+    pub stray_faults: u64,
     pub evicted_folios: u64,
     /// Folios whose store was rejected and which were put back.
     pub eviction_rejects: u64,
@@ -208,6 +211,7 @@ struct Counters {
     load_faults: AtomicU64,
     dropped_page_faults: AtomicU64,
     eviction_waits: AtomicU64,
+    stray_faults: AtomicU64,
     evicted_folios: AtomicU64,
     eviction_rejects: AtomicU64,
     direct_reclaim_waits: AtomicU64,
@@ -534,6 +538,7 @@ impl Pager {
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
+            stray_faults: r(&c.stray_faults),
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
             direct_reclaim_waits: r(&c.direct_reclaim_waits),
@@ -701,6 +706,7 @@ impl Inner {
         let Some(st) = self.region_at(addr) else {
             // Not a region (a staging page, or a region being torn down):
             // map a zero page so that the thread is not stuck.
+            inc(&self.counters.stray_faults);
             // SAFETY: an address of a range registered with our uffd, which
             // no Rust reference covers.
             let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
@@ -1105,25 +1111,32 @@ impl Inner {
         let n = moved.len();
         for (slot, (st, f, present)) in moved.iter().enumerate() {
             let base = staging.addr() as usize + slot * fs;
-            // SAFETY: 1. this slot of staging is mapped (MOVE filled its
-            // present pages, the rest read as zeros); 2. only this thread
-            // touches staging, and nothing changes it until the DONTNEED
-            // below, after this borrow ends.
-            let data = unsafe { std::slice::from_raw_parts(base as *const u8, fs) };
+            // Only the pages MOVE filled may be touched: a hole in staging
+            // is a MISSING fault, which the handler may be unable to serve
+            // while we hold a stripe lock.
+            let runs = page_runs(present);
+            let run_data = |p: usize, n: usize| {
+                // SAFETY: 1. [p, p + n) is a run of present pages of this
+                // staging slot, mapped by MOVE; 2. only this thread touches
+                // staging, and nothing changes it until the DONTNEED below,
+                // after this borrow ends.
+                unsafe { std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, n * PAGE_SIZE) }
+            };
             let mut ok = true;
-            let mut p = 0;
-            while p < ppf {
-                if !present[p] {
-                    p += 1;
-                    continue;
-                }
-                let run = present[p..].iter().take_while(|&&x| x).count();
-                match self.tier.store(st.key(f * ppf + p), &data[p * PAGE_SIZE..(p + run) * PAGE_SIZE]) {
+            for &(p, n) in &runs {
+                match self.tier.store(st.key(f * ppf + p), run_data(p, n)) {
                     Ok(StoreOutcome::Stored { .. }) => {}
                     _ => ok = false,
                 }
-                p += run;
             }
+            // A rejected folio's pages are copied out before the lock.
+            let kept = (!ok).then(|| {
+                let mut data = vec![0u8; fs].into_boxed_slice();
+                for &(p, n) in &runs {
+                    data[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(run_data(p, n));
+                }
+                data
+            });
             self.finish(st, *f, |dropped| {
                 if ok {
                     inc(&self.counters.evicted_folios);
@@ -1134,8 +1147,8 @@ impl Inner {
                         self.tier.invalidate(st.key(f * ppf + p));
                     }
                     let present: Vec<bool> = present.iter().zip(dropped).map(|(&p, &d)| p && !d).collect();
-                    if present.contains(&true) {
-                        let h = Held { data: data.into(), present };
+                    if let Some(data) = kept.filter(|_| present.contains(&true)) {
+                        let h = Held { data, present };
                         self.held_bytes.fetch_add(fs, Ordering::Relaxed);
                         let old = self.held.lock().unwrap_or_else(|e| e.into_inner()).insert((st.id, *f), h);
                         debug_assert!(old.is_none(), "a held folio was evicted again");
@@ -1215,4 +1228,20 @@ impl Inner {
         cv.notify_all();
         drop(g);
     }
+}
+
+/// The runs of `true` in `present`, as (first page, pages).
+fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut p = 0;
+    while p < present.len() {
+        if present[p] {
+            let n = present[p..].iter().take_while(|&&x| x).count();
+            runs.push((p, n));
+            p += n;
+        } else {
+            p += 1;
+        }
+    }
+    runs
 }
