@@ -1,0 +1,55 @@
+//! Accounting: what the limit bounds, the watermarks, and the throttle a
+//! fault applies when usage is over the limit.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::stats::inc;
+use super::{Inner, RegionState};
+
+impl Inner {
+    pub(super) fn usage(&self) -> usize {
+        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size
+            + self.held_bytes.load(Ordering::Relaxed)
+            + self.tier.pool_total_size()
+            + self.metadata()
+    }
+
+    pub(super) fn metadata(&self) -> usize {
+        self.tables.load(Ordering::Relaxed)
+            + self.lru_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
+            + self.tier.entry_metadata_bytes()
+    }
+
+    pub(super) fn high(&self) -> usize {
+        self.cfg.limit / 100 * self.cfg.high_watermark_percent as usize
+    }
+
+    pub(super) fn low(&self) -> usize {
+        self.cfg.limit / 100 * self.cfg.low_watermark_percent as usize
+    }
+
+    pub(super) fn kick_reclaim(&self) {
+        *self.kick.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.kick.1.notify_one();
+    }
+
+    /// After a fault: kick reclaim above the high watermark, and above the
+    /// limit wait for it a little (direct reclaim, bounded), unless the
+    /// limit is soft.
+    pub(super) fn throttle(&self) {
+        if self.usage() > self.high() {
+            self.kick_reclaim();
+        }
+        if self.usage() > self.cfg.limit && !self.soft.load(Ordering::Relaxed) {
+            // Direct reclaim, bounded: wait for the reclaimer a little.
+            inc(&self.counters.direct_reclaim_waits);
+            let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
+            while self.usage() > self.cfg.limit && Instant::now() < deadline {
+                let g = self.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = self.reclaimed.1.wait_timeout(g, Duration::from_millis(1));
+            }
+        }
+    }
+}

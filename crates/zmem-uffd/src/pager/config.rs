@@ -1,0 +1,77 @@
+//! The pager's settings and errors.
+
+use std::time::Duration;
+
+use thiserror::Error;
+use zmem_tier::{TierConfig, TierError};
+
+use crate::sys::UffdError;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PagerError {
+    #[error("invalid pager configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    #[error("mmap: {0}")]
+    Map(rustix::io::Errno),
+}
+
+/// Settings of a pager.
+#[derive(Debug, Clone)]
+pub struct PagerConfig {
+    /// Bytes of resident memory plus pool plus metadata the regions may use.
+    pub limit: usize,
+    /// Reclaim starts above this percent of the limit…
+    pub high_watermark_percent: u32,
+    /// …and stops below this one.
+    pub low_watermark_percent: u32,
+    /// The eviction unit: 4 KiB to 2 MiB, a power of two.
+    pub folio_size: usize,
+    /// Folios per reclaim pass (1..=32).
+    pub reclaim_batch: usize,
+    /// The longest a fault waits for reclaim when usage is over the limit.
+    pub direct_reclaim_wait: Duration,
+    /// Threads reading faults from the userfaultfd (1..=16).
+    pub handler_threads: usize,
+    /// How long a handler busy-polls for the next fault before it blocks in
+    /// poll(2). Zero blocks at once: on a 2-vCPU guest a spinning handler
+    /// takes a CPU from the program (see `zmem bench fault --spin-us`).
+    pub handler_spin: Duration,
+    /// CPUs the handler threads are pinned to, round-robin; empty: no pinning.
+    pub handler_cpus: Vec<usize>,
+    /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
+    /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
+    /// referenced only when it is faulted in.
+    pub track_writes: bool,
+    /// Run first on every thread the pager starts (the LD_PRELOAD shim marks
+    /// its internal threads with it, so their allocations stay unmanaged).
+    pub thread_init: Option<fn()>,
+    pub tier: TierConfig,
+}
+
+impl PagerConfig {
+    /// A pager under `limit` bytes. Its tier's pool may take half of the
+    /// limit, and writes back to a swap file in the temporary directory
+    /// beyond that: real heap pages compress 2-3x, so a working set of
+    /// several times the limit does not fit without writeback.
+    pub fn with_limit(limit: usize) -> PagerConfig {
+        PagerConfig {
+            limit,
+            high_watermark_percent: 95,
+            low_watermark_percent: 85,
+            folio_size: 64 << 10,
+            reclaim_batch: 8,
+            direct_reclaim_wait: Duration::from_millis(20),
+            handler_threads: 1,
+            handler_spin: Duration::ZERO,
+            handler_cpus: Vec::new(),
+            track_writes: true,
+            thread_init: None,
+            tier: TierConfig { memory_budget: limit, max_pool_percent: 50, ..TierConfig::default() },
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Faults: the handler threads read the userfaultfd and serve faults.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_tier::LoadOutcome;
+
+use super::stats::inc;
+use super::{Folio, Inner, RegionState};
+use crate::mapping::PAGE_SIZE;
+use crate::sys::{Event, UffdError};
+
+/// What became of a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Done,
+    /// An event is unread (EAGAIN): read events, then try again.
+    Again,
+    /// The folio is being evicted: serve other faults, read events, and
+    /// try this one again. The handler never waits for reclaim, because
+    /// reclaim's MOVEs fail with EAGAIN until the handler reads events.
+    Busy,
+}
+
+impl Inner {
+    pub(super) fn handler_main(self: Arc<Self>, cpu: Option<usize>) {
+        if let Some(cpu) = cpu {
+            let mut set = rustix::thread::CpuSet::new();
+            set.set(cpu);
+            if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                eprintln!("zmem: pinning a handler to CPU {cpu} failed: {e}");
+            }
+        }
+        let mut bounce = vec![0u8; self.cfg.folio_size];
+        let mut pending: VecDeque<u64> = VecDeque::new();
+        let spin = self.cfg.handler_spin;
+        let mut last_event = Instant::now();
+        loop {
+            if self.stop.load(Ordering::Acquire) && self.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                return;
+            }
+            // Busy-poll (non-blocking reads) for `spin` after the last
+            // event, then block in poll(2).
+            let spinning = !spin.is_zero() && pending.is_empty() && last_event.elapsed() < spin;
+            if !spinning {
+                let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
+                if self.uffd.wait(Some(timeout)).is_err() {
+                    return;
+                }
+            }
+            let Ok(events) = self.uffd.read_events(64) else { return };
+            if events.is_empty() {
+                if spinning {
+                    std::hint::spin_loop();
+                }
+            } else {
+                last_event = Instant::now();
+            }
+            for ev in events {
+                match ev {
+                    Event::PageFault { addr, .. } => pending.push_back(addr),
+                    Event::Remove { start, end } | Event::Unmap { start, end } => self.drop_range(start, end),
+                    Event::Remap { from, to, len } => self.remap(from, to, len),
+                    Event::Fork { .. } | Event::Unknown(_) => {}
+                }
+            }
+            // Serve faults in order; a folio being evicted waits its turn
+            // (the others go ahead), and at the first EAGAIN go back and
+            // read the event that blocks them all.
+            let mut i = 0;
+            while i < pending.len() {
+                match self.fault(pending[i], &mut bounce) {
+                    Served::Done => {
+                        pending.remove(i);
+                    }
+                    Served::Busy => i += 1,
+                    Served::Again => break,
+                }
+            }
+        }
+    }
+
+    fn fault(&self, addr: u64, bounce: &mut [u8]) -> Served {
+        let fs = self.cfg.folio_size as u64;
+        let Some(st) = self.region_at(addr) else {
+            // Not a region (a staging page, or a region being torn down):
+            // map a zero page so that the thread is not stuck.
+            inc(&self.counters.stray_faults);
+            // SAFETY: an address of a range registered with our uffd, which
+            // no Rust reference covers.
+            let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+            return if matches!(r, Err(UffdError::Again { .. })) { Served::Again } else { Served::Done };
+        };
+        let start = st.start.load(Ordering::Acquire);
+        let f = ((addr - start) / fs) as usize;
+        let folio_addr = start + f as u64 * fs;
+        let (lock, _) = self.stripe(&st, f);
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        match st.folio(f) {
+            Folio::Evicting => {
+                // Never wait here: the evictor may need this thread to
+                // read an event before its MOVE can finish.
+                inc(&self.counters.eviction_waits);
+                return Served::Busy;
+            }
+            Folio::Never => {
+                // SAFETY: the folio lies in our registered region, reached
+                // only through atomics and the kernel.
+                if let Err(UffdError::Again { .. }) = unsafe { self.uffd.zeropage(folio_addr, fs, false) } {
+                    return Served::Again;
+                }
+                self.became_resident(&st, f);
+                inc(&self.counters.zero_faults);
+            }
+            Folio::Evicted => {
+                bounce.fill(0);
+                let ppf = bounce.len() / PAGE_SIZE;
+                let mut bad = vec![false; ppf];
+                for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                    match self.tier.load(st.key(f * ppf + i), page) {
+                        Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
+                        Err(e) => {
+                            // Never hand the program wrong data: the
+                            // page is poisoned below (SIGBUS on touch).
+                            eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
+                            bad[i] = true;
+                        }
+                    }
+                }
+                if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get(&(st.id, f)) {
+                    for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
+                        page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                    }
+                }
+                if self.copy_folio(folio_addr, bounce, &bad) == Served::Again {
+                    // Nothing is lost: the entries are still in the tier.
+                    return Served::Again;
+                }
+                let nbad = bad.iter().filter(|&&b| b).count() as u64;
+                self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
+                self.invalidate_folio(&st, f);
+                self.became_resident(&st, f);
+                inc(&self.counters.load_faults);
+            }
+            _ => {
+                // A page the program dropped from a resident folio.
+                // SAFETY: as above.
+                let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+                if let Err(UffdError::Again { .. }) = r {
+                    return Served::Again;
+                }
+                inc(&self.counters.dropped_page_faults);
+            }
+        }
+        drop(g);
+        self.throttle();
+        Served::Done
+    }
+
+    /// COPYs a folio, stepping over pages that are still mapped (EEXIST),
+    /// and poisons the `bad` pages (or zero-fills them where the kernel
+    /// lacks UFFDIO_POISON). On `Again`, what was done stays (a retry steps
+    /// over it).
+    fn copy_folio(&self, dst: u64, src: &[u8], bad: &[bool]) -> Served {
+        let ppf = src.len() / PAGE_SIZE;
+        let mut p = 0;
+        while p < ppf {
+            let run = bad[p..].iter().take_while(|&&b| b == bad[p]).count();
+            let (a, n) = (dst + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
+            let r = if bad[p] && self.poison {
+                match self.uffd.poison(a, n) {
+                    Err(UffdError::Again { .. }) => Served::Again,
+                    Err(e) => {
+                        eprintln!("zmem: UFFDIO_POISON failed: {e}");
+                        Served::Done
+                    }
+                    Ok(_) => Served::Done,
+                }
+            } else {
+                self.copy_run(a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE])
+            };
+            if r == Served::Again {
+                return r;
+            }
+            p += run;
+        }
+        Served::Done
+    }
+
+    fn copy_run(&self, dst: u64, src: &[u8]) -> Served {
+        let mut off = 0u64;
+        let len = src.len() as u64;
+        while off < len {
+            // SAFETY: src is our bounce buffer; dst lies in a registered
+            // region reached only through atomics and the kernel.
+            let n =
+                unsafe { self.uffd.copy_wp(dst + off, src[off as usize..].as_ptr(), len - off, false, self.tracking) };
+            match n {
+                Ok(n) if n == len - off => break,
+                // Stopped at a page that is present: step over it.
+                Ok(n) => off += n + PAGE_SIZE as u64,
+                Err(UffdError::Again { .. }) => return Served::Again,
+                Err(e) => {
+                    eprintln!("zmem: UFFDIO_COPY failed: {e}");
+                    break;
+                }
+            }
+        }
+        Served::Done
+    }
+
+    pub(super) fn became_resident(&self, st: &Arc<RegionState>, f: usize) {
+        st.set_folio(f, Folio::Resident);
+        // With write tracking, loaded pages are mapped write-protected and
+        // a write after the fault is what counts; without it, the fault
+        // itself is the only access CLOCK can see.
+        st.referenced[f].store(!self.tracking, Ordering::Relaxed);
+        self.resident.fetch_add(1, Ordering::Relaxed);
+        self.lru_add(st, f);
+    }
+}

@@ -1,0 +1,232 @@
+//! The reclaim lists: active and inactive, as vmscan keeps them for anon
+//! pages, plus the unevictable folios.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::stats::inc;
+use super::{Folio, Inner, RegionState};
+use crate::pagemap::WriteTracker;
+use crate::sys::UffdError;
+
+/// The reclaim lists, generic over the item so that the policy is tested
+/// without userfaultfd. The pager keeps each folio in at most one list, at
+/// most once (`RegionState::queued`).
+#[derive(Debug)]
+pub(super) struct Lru<T> {
+    pub(super) active: VecDeque<T>,
+    pub(super) inactive: VecDeque<T>,
+    /// Folios whose pages would not move (mlocked): not looked at until
+    /// `UNEVICTABLE_RESCAN` has passed.
+    pub(super) unevictable: Vec<T>,
+}
+
+impl<T> Default for Lru<T> {
+    fn default() -> Self {
+        Lru { active: VecDeque::new(), inactive: VecDeque::new(), unevictable: Vec::new() }
+    }
+}
+
+/// What [`Lru::isolate`] learns of an item it looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Look {
+    /// Evicted, dropped, or its region is gone: it leaves the lists.
+    Gone,
+    /// Faulted in or written since the last look.
+    Accessed,
+    Cold,
+}
+
+/// How often unevictable folios go back on the inactive list for a look.
+pub(super) const UNEVICTABLE_RESCAN: Duration = Duration::from_secs(10);
+
+impl<T> Lru<T> {
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.active.len() + self.inactive.len() + self.unevictable.len()
+    }
+
+    /// Takes up to `batch` victims off the lists. `look` says what became
+    /// of an item (and clears its accessed state); `left` is called for
+    /// every item that leaves the lists, victim or gone.
+    /// - Inactive head: accessed goes to the active tail, cold is a victim.
+    /// - Active head (while inactive is under a third of all): accessed goes
+    ///   round again, cold goes down to the inactive tail.
+    ///
+    /// A folio written once (a stream) is evicted after one trip through
+    /// each list; a folio written all the time stays in the active one.
+    /// Each look may cost a PAGEMAP_SCAN, so looks are bounded (16 per
+    /// victim wanted); past that, heads are taken as they come, inactive
+    /// first, and only `live` is asked.
+    pub(super) fn isolate(
+        &mut self,
+        batch: usize,
+        mut look: impl FnMut(&T) -> Look,
+        live: impl Fn(&T) -> bool,
+        mut left: impl FnMut(&T),
+    ) -> Vec<T> {
+        let mut out = Vec::new();
+        let mut budget = ((self.active.len() + self.inactive.len()) * 2).min(16 * batch);
+        while out.len() < batch && budget > 0 {
+            budget -= 1;
+            let total = self.active.len() + self.inactive.len();
+            let from_active = self.inactive.len() * 3 < total && !self.active.is_empty();
+            let popped = if from_active { self.active.pop_front() } else { self.inactive.pop_front() };
+            let Some(item) = popped else { break };
+            match look(&item) {
+                Look::Gone => left(&item),
+                Look::Accessed => self.active.push_back(item),
+                Look::Cold if from_active => self.inactive.push_back(item),
+                Look::Cold => {
+                    left(&item);
+                    out.push(item);
+                }
+            }
+        }
+        while out.len() < batch {
+            let Some(item) = self.inactive.pop_front().or_else(|| self.active.pop_front()) else { break };
+            left(&item);
+            if live(&item) {
+                out.push(item);
+            }
+        }
+        out
+    }
+}
+
+impl Inner {
+    pub(super) fn lru_add(&self, st: &Arc<RegionState>, f: usize) {
+        if st.queued[f].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.lru.lock().unwrap_or_else(|e| e.into_inner()).inactive.push_back((Arc::clone(st), f));
+        self.lru_len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether folio `f` was written since it was last asked (its pages are
+    /// write-protected again, so the next write is seen too). Reads are not
+    /// seen: a folio only read counts as cold.
+    pub(super) fn written_since_last_pass(&self, tracker: &mut WriteTracker, st: &RegionState, f: usize) -> bool {
+        let fs = self.cfg.folio_size as u64;
+        let start = st.start.load(Ordering::Acquire) + f as u64 * fs;
+        let mut written = false;
+        inc(&self.counters.write_scans);
+        if let Err(e) = tracker.scan_written(start, start + fs, |_, _| written = true) {
+            // A region being unmapped or remapped under us: treat as cold.
+            if !matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::INVAL | rustix::io::Errno::PERM, .. }) {
+                eprintln!("zmem: write tracking scan failed: {e}");
+            }
+        }
+        if written {
+            inc(&self.counters.written_folios);
+        }
+        written
+    }
+
+    /// Picks up to `reclaim_batch` victims (see [`Lru::isolate`]). A folio
+    /// is accessed if it was faulted in or (with write tracking) written
+    /// since it was last looked at; looking clears both (written pages are
+    /// protected again).
+    pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
+        let live = |(st, f): &(Arc<RegionState>, usize)| {
+            st.folio(*f) == Folio::Resident && st.mapping.lock().is_ok_and(|m| m.is_some())
+        };
+        let look = |item: &(Arc<RegionState>, usize)| {
+            if !live(item) {
+                return Look::Gone;
+            }
+            let (st, f) = item;
+            let referenced = st.referenced[*f].swap(false, Ordering::Relaxed);
+            let written = tracker.as_deref_mut().is_some_and(|t| self.written_since_last_pass(t, st, *f));
+            if referenced || written {
+                Look::Accessed
+            } else {
+                Look::Cold
+            }
+        };
+        let left = |(st, f): &(Arc<RegionState>, usize)| {
+            self.lru_len.fetch_sub(1, Ordering::Relaxed);
+            st.queued[*f].store(false, Ordering::Release);
+        };
+        self.lru.lock().unwrap_or_else(|e| e.into_inner()).isolate(self.cfg.reclaim_batch, look, live, left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Look, Lru};
+    use std::collections::HashSet;
+
+    fn lru(n: u32) -> Lru<u32> {
+        let mut l = Lru::default();
+        l.inactive.extend(0..n);
+        l
+    }
+
+    #[test]
+    fn cold_inactive_folios_go_first_in_order() {
+        let mut l = lru(10);
+        let mut left = Vec::new();
+        let v = l.isolate(4, |_| Look::Cold, |_| true, |x| left.push(*x));
+        assert_eq!(v, [0, 1, 2, 3]);
+        assert_eq!(left, v);
+        assert_eq!(l.len(), 6);
+    }
+
+    #[test]
+    fn an_accessed_folio_is_promoted_and_a_stream_passes_through_once() {
+        let mut l = lru(8);
+        let hot: HashSet<u32> = [1, 3].into();
+        // First pass: 1 and 3 go active; the cold ones are victims.
+        let v = l.isolate(4, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+        assert_eq!(v, [0, 2, 4, 5]);
+        assert_eq!(l.active, [1, 3]);
+        // Hot folios stay while they are accessed, however many passes.
+        for _ in 0..5 {
+            let v = l.isolate(1, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+            assert!(v.iter().all(|x| !hot.contains(x)), "{v:?}");
+            l.inactive.push_back(100);
+        }
+        assert!(l.active.contains(&1) && l.active.contains(&3));
+    }
+
+    #[test]
+    fn a_cold_active_folio_is_demoted_before_it_is_evicted() {
+        let mut l = Lru::default();
+        l.active.extend([7, 8, 9]);
+        l.inactive.push_back(1);
+        // Inactive is under a third: the active heads are looked at first,
+        // and cold ones go down to the inactive tail rather than out.
+        let v = l.isolate(1, |_| Look::Cold, |_| true, |_| {});
+        assert_eq!(v, [1]);
+        assert_eq!(l.inactive, [7]);
+        assert_eq!(l.active, [8, 9]);
+    }
+
+    #[test]
+    fn gone_folios_leave_and_the_look_budget_is_bounded() {
+        let mut l = lru(100);
+        let mut looks = 0;
+        let mut left = 0;
+        // Everything is accessed: after 16 looks per victim wanted, heads
+        // are taken as they come (only `live` is asked).
+        let v = l.isolate(
+            2,
+            |_| {
+                looks += 1;
+                Look::Accessed
+            },
+            |x| x % 2 == 1,
+            |_| left += 1,
+        );
+        assert_eq!(looks, 32);
+        assert_eq!(v.len(), 2);
+        assert!(v.iter().all(|x| x % 2 == 1));
+        let mut l = lru(5);
+        let v = l.isolate(3, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
+        assert_eq!(v, [2, 3, 4]);
+        assert_eq!(l.len(), 0);
+    }
+}

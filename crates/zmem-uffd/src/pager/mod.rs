@@ -1,0 +1,355 @@
+//! The pager: anonymous memory under a limit, backed by the tier.
+//!
+//! A [`Pager`] owns one userfaultfd, handler threads, a reclaim thread and
+//! a [`Tier`]. [`Pager::map`] hands out [`Region`]s: anonymous private
+//! memory registered for MISSING faults. Memory is managed in folios
+//! (64 KiB by default). One file per verb:
+//!
+//! | file | what |
+//! |---|---|
+//! | `region.rs` | regions and their folio tables; `Pager::map`; unmapping |
+//! | `fault.rs` | the handler loop: read events and faults, serve faults (zero-fill, load, poison) |
+//! | `events.rs` | REMOVE/UNMAP (`drop_range`) and REMAP |
+//! | `lru.rs` | the active, inactive and unevictable lists; `isolate_folios` |
+//! | `reclaim.rs` | the reclaim thread: isolate, MOVE out, store, finish or hold |
+//! | `accounting.rs` | usage, watermarks, the fault throttle |
+//! | `stats.rs`, `config.rs` | counters; settings and errors |
+//!
+//! # Folio states (`Folio`)
+//! ```text
+//! Never ──fault: ZEROPAGE──► Resident ──reclaim: isolate──► Evicting
+//!                               ▲                               │ MOVE to staging, store
+//!                               └──fault: load, COPY── Evicted ◄┘ (or hold, if rejected)
+//! ```
+//! - Eviction marks the folio Evicting, then takes its pages out of the
+//!   program's page table with `UFFDIO_MOVE` (atomic, no copy): from then
+//!   on any access to a moved page faults, and the fault is deferred until
+//!   the folio is Evicted, so no write is lost.
+//! - A fault on an Evicted folio loads all of it (fault-around) into a
+//!   bounce buffer and maps it with `UFFDIO_COPY`. A page that fails to load
+//!   is poisoned (`UFFDIO_POISON`: SIGBUS on touch), never handed over as
+//!   zeros or garbage.
+//! - A folio the tier rejects (pool full without writeback, a codec error)
+//!   keeps its pages uncompressed (`held`) and is Evicted all the same: only
+//!   the handler maps pages, in event order, so a page the program dropped
+//!   meanwhile never comes back.
+//! - A fault on a Resident folio is a page the program dropped (madvise): it
+//!   gets the zero page.
+//! - Pages that were holes at eviction have no entry and come back as
+//!   zeros. Pages that would not move (mlocked, pinned) stay mapped, and the
+//!   COPY steps over them; a folio none of whose pages moved stays Resident
+//!   on the unevictable list.
+//!
+//! # Accounting and reclaim
+//! Usage is resident folios plus held folios plus the tier's pool plus this
+//! pager's metadata. Above the high watermark the reclaim thread evicts, in
+//! batches of `reclaim_batch` folios, down to the low watermark. A fault
+//! that finds usage above the limit kicks reclaim and waits for it, at most
+//! `direct_reclaim_wait`. A pass that can evict nothing makes the limit soft
+//! (as memory.high): reclaim backs off (50 ms doubling to 2 s) and faults
+//! stop waiting, until a pass evicts again.
+//!
+//! # Lock order
+//! 1. a folio stripe lock (one of 256, by folio index); never two at once;
+//! 2. inside it: the tier (its own order); the `dropped`, `held` and reclaim
+//!    lists' mutexes (leaves).
+//!
+//! The regions table is an `RwLock`, read by the handler, written by
+//! map/unmap, never held across a stripe lock or a tier call. No lock is
+//! held across a userfaultfd ioctl that can fail with EAGAIN.
+//!
+//! # Events
+//! - `madvise(MADV_DONTNEED)` and `munmap` by the program (REMOVE, UNMAP):
+//!   the range's entries are invalidated and its folios forget their pages;
+//!   for an Evicting folio the pages are recorded (`dropped`) and the
+//!   evictor drops their entries when it finishes.
+//! - `mremap` of a whole region (REMAP): entries are keyed by (region, page),
+//!   so the region just moves; partial remaps of a region are not supported.
+//! - fork: regions are `MADV_DONTFORK`: a child does not inherit them, and
+//!   touching one there is a SIGSEGV, never silently wrong data.
+//!
+//! # Deadlock avoidance: the handler never waits for reclaim
+//! `madvise`, `munmap` and `mremap` of a registered range wait until the
+//! handler reads their event, and while an event is unread every COPY,
+//! ZEROPAGE and MOVE fails with EAGAIN. Reclaim's MOVE therefore needs the
+//! handler to keep reading events, so:
+//! - a fault on an Evicting folio is deferred (`Served::Busy`), never waited
+//!   for; REMOVE/UNMAP on an Evicting folio are recorded, never waited for;
+//! - reclaim holds no stripe lock while a MOVE may get EAGAIN, and touches
+//!   only the staging pages MOVE filled (a hole there would be a fault that
+//!   the handler must serve);
+//! - a fault that gets EAGAIN is deferred until the events are read (its
+//!   entries stay in the tier until the COPY succeeds);
+//! - reclaim raises no events of its own: it unregisters its staging area
+//!   around the DONTNEED that frees it.
+
+mod accounting;
+mod config;
+mod events;
+mod fault;
+mod lru;
+mod reclaim;
+mod region;
+mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use zmem_tier::{Tier, TierConfig};
+
+pub use config::{PagerConfig, PagerError};
+use lru::Lru;
+pub use region::Region;
+use region::RegionState;
+use stats::Counters;
+pub use stats::PagerStats;
+
+use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::sys::{Features, OpenMode, RegisterMode, Uffd};
+
+/// A folio's state (one byte per folio in its region's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Folio {
+    /// Never touched, or wholly dropped: a fault maps zeros.
+    Never = 0,
+    /// Mapped in the program.
+    Resident = 1,
+    /// Being moved out and stored: faults on it are deferred.
+    Evicting = 2,
+    /// In the tier (or held): a fault loads it.
+    Evicted = 3,
+}
+
+impl Folio {
+    fn from_u8(v: u8) -> Folio {
+        match v {
+            0 => Folio::Never,
+            1 => Folio::Resident,
+            2 => Folio::Evicting,
+            _ => Folio::Evicted,
+        }
+    }
+}
+
+const STRIPES: usize = 256;
+
+struct Inner {
+    cfg: PagerConfig,
+    uffd: Uffd,
+    tier: Tier,
+    regions: RwLock<BTreeMap<u64, Arc<RegionState>>>,
+    stripes: Vec<(Mutex<()>, Condvar)>,
+    lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
+    resident: AtomicUsize,
+    /// Bytes of folio tables of live regions.
+    tables: AtomicUsize,
+    /// Entries on the reclaim lists (some may be stale).
+    lru_len: AtomicUsize,
+    tracking: bool,
+    next_region: AtomicU32,
+    counters: Counters,
+    stop: AtomicBool,
+    kick: (Mutex<bool>, Condvar),
+    reclaimed: (Mutex<()>, Condvar),
+    /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
+    /// Folio::Evicting, by (region id, folio): the evictor drops their entries
+    /// when it finishes. Written and taken under the folio's stripe lock.
+    dropped: Mutex<HashMap<(u32, usize), Vec<bool>>>,
+    /// Folios whose store was rejected: their pages, uncompressed, until a
+    /// fault maps them again. Reclaim never puts pages back itself: only
+    /// the handler maps pages, in event order, so a page the program
+    /// dropped can never come back.
+    held: Mutex<HashMap<(u32, usize), Held>>,
+    held_bytes: AtomicUsize,
+    /// The limit is soft (see [`PagerStats::limit_soft_events`]).
+    soft: AtomicBool,
+    /// UFFDIO_POISON is available for pages that fail to load.
+    poison: bool,
+}
+
+/// A rejected folio's pages (`present[p]`: page `p` is in `data`).
+#[derive(Debug)]
+struct Held {
+    data: Box<[u8]>,
+    present: Vec<bool>,
+}
+
+/// What one eviction pass did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pass {
+    evicted: usize,
+    rejected: usize,
+    unevictable: usize,
+}
+
+/// Anonymous memory under a limit, backed by a compressed tier.
+pub struct Pager {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager").field("limit", &self.inner.cfg.limit).field("stats", &self.stats()).finish()
+    }
+}
+
+impl Pager {
+    /// Starts a pager: its userfaultfd, tier, handler and reclaim threads.
+    ///
+    /// # Errors
+    /// A bad configuration, no userfaultfd (with what to change), or the
+    /// tier's errors.
+    pub fn new(cfg: PagerConfig) -> Result<Pager, PagerError> {
+        let fs = cfg.folio_size;
+        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
+            return Err(PagerError::Config(format!("folio_size {fs} must be a power of two in 4 KiB..=2 MiB")));
+        }
+        if !(1..=32).contains(&cfg.reclaim_batch) {
+            return Err(PagerError::Config(format!("reclaim_batch {} must be in 1..=32", cfg.reclaim_batch)));
+        }
+        if cfg.low_watermark_percent >= cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
+            return Err(PagerError::Config("watermarks must satisfy low < high <= 100".into()));
+        }
+        if cfg.limit < 4 * fs * cfg.reclaim_batch {
+            return Err(PagerError::Config(format!(
+                "limit {} is below four reclaim batches ({} bytes)",
+                cfg.limit,
+                4 * fs * cfg.reclaim_batch
+            )));
+        }
+        if !(1..=16).contains(&cfg.handler_threads) {
+            return Err(PagerError::Config(format!("handler_threads {} must be in 1..=16", cfg.handler_threads)));
+        }
+        let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
+        let offered = Uffd::offered(OpenMode::Auto)?;
+        let tracking = cfg.track_writes && offered.contains(Features::WP_ASYNC);
+        if tracking {
+            want = want | Features::WP_ASYNC;
+        }
+        let poison = offered.contains(Features::POISON);
+        if poison {
+            want = want | Features::POISON;
+        }
+        let uffd = Uffd::open(OpenMode::Auto, want)?;
+        // Loads keep their entries until the folio is mapped: a COPY can fail
+        // with EAGAIN (an unread event), and the pages must survive a retry.
+        let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
+        let inner = Arc::new(Inner {
+            stripes: (0..STRIPES).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+            lru: Mutex::new(Lru::default()),
+            regions: RwLock::new(BTreeMap::new()),
+            resident: AtomicUsize::new(0),
+            tables: AtomicUsize::new(0),
+            lru_len: AtomicUsize::new(0),
+            tracking,
+            next_region: AtomicU32::new(1),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            kick: (Mutex::new(false), Condvar::new()),
+            reclaimed: (Mutex::new(()), Condvar::new()),
+            dropped: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            held_bytes: AtomicUsize::new(0),
+            soft: AtomicBool::new(false),
+            poison,
+            uffd,
+            tier,
+            cfg,
+        });
+        let staging = Mapping::new(inner.cfg.folio_size * inner.cfg.reclaim_batch).map_err(PagerError::Map)?;
+        // Staging shares the regions' registration mode: UFFDIO_MOVE needs
+        // both sides to have the same page protection, and WP registration
+        // changes it.
+        inner.uffd.register(staging.addr(), staging.len() as u64, inner.register_mode())?;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let init = inner.cfg.thread_init;
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    if let Some(init) = init {
+                        init();
+                    }
+                    f();
+                })
+                .map_err(|e| PagerError::Config(format!("spawn a pager thread: {e}")))
+        };
+        let mut threads = Vec::new();
+        for i in 0..inner.cfg.handler_threads {
+            let h = Arc::clone(&inner);
+            let cpu = (!h.cfg.handler_cpus.is_empty()).then(|| h.cfg.handler_cpus[i % h.cfg.handler_cpus.len()]);
+            threads.push(spawn(format!("zmem-handler-{i}"), Box::new(move || h.handler_main(cpu)))?);
+        }
+        let r = Arc::clone(&inner);
+        threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
+        Ok(Pager { inner, threads })
+    }
+
+    pub fn tier(&self) -> &Tier {
+        &self.inner.tier
+    }
+
+    /// Evicts down to the low watermark now, and waits for it.
+    pub fn reclaim_now(&self) {
+        self.inner.kick_reclaim();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.inner.usage() > self.inner.low()
+            && !self.inner.soft.load(Ordering::Relaxed)
+            && Instant::now() < deadline
+        {
+            let g = self.inner.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Pager {
+    /// Stops reclaim. The handler serves faults until the last region is
+    /// dropped: regions may outlive their pager, and a fault nobody serves
+    /// would hang. With no region left, both threads are joined.
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.kick_reclaim();
+        if self.inner.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn register_mode(&self) -> RegisterMode {
+        RegisterMode { missing: true, wp: self.tracking }
+    }
+
+    pub(super) fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<()>, Condvar) {
+        &self.stripes[(st.id as usize * 7919 + f) % STRIPES]
+    }
+
+    pub(super) fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let (_, r) = regions.range(..=addr).next_back()?;
+        (addr < r.start.load(Ordering::Acquire) + r.len as u64).then(|| Arc::clone(r))
+    }
+
+    /// Drops every entry of folio `f`, and its held pages. The caller holds
+    /// the folio's stripe lock, or owns the folio (a dying region).
+    pub(super) fn invalidate_folio(&self, st: &RegionState, f: usize) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        for p in f * ppf..(f + 1) * ppf {
+            self.tier.invalidate(st.key(p));
+        }
+        self.unhold(st, f);
+    }
+
+    pub(super) fn unhold(&self, st: &RegionState, f: usize) {
+        if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f)) {
+            self.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Reclaim: isolate victims, MOVE them out, store them in the tier, and
+//! finish (or hold what the tier rejected).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_tier::StoreOutcome;
+
+use super::lru::UNEVICTABLE_RESCAN;
+use super::stats::inc;
+use super::{Folio, Held, Inner, Pass, RegionState};
+use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::pagemap::WriteTracker;
+use crate::sys::UffdError;
+
+impl Inner {
+    pub(super) fn reclaim_main(self: Arc<Self>, staging: Mapping) {
+        let mut tracker = if self.tracking {
+            WriteTracker::open().map_err(|e| eprintln!("zmem: no write tracking ({e}); reclaim sees faults only")).ok()
+        } else {
+            None
+        };
+        let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
+        let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
+        loop {
+            if Instant::now() >= rescan_at {
+                rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
+                let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+                let back = std::mem::take(&mut lru.unevictable);
+                lru.inactive.extend(back);
+            }
+            {
+                let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
+                if !*k {
+                    k = self.kick.1.wait_timeout(k, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+                }
+                *k = false;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                // Unregister before the munmap: an UNMAP event would wait
+                // for a handler that may already be gone.
+                let _ = self.uffd.unregister(staging.addr(), staging.len() as u64);
+                return;
+            }
+            if self.usage() <= self.cfg.limit {
+                self.soft.store(false, Ordering::Relaxed);
+            }
+            if self.usage() > self.high() && Instant::now() >= retry_at {
+                while self.usage() > self.low() {
+                    let pass = self.evict_batch(&staging, tracker.as_mut());
+                    self.reclaimed.1.notify_all();
+                    if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
+                        // Progress, or unevictable folios set aside: go on.
+                        backoff = Duration::ZERO;
+                        self.soft.store(false, Ordering::Relaxed);
+                        continue;
+                    }
+                    // Nothing could go: the pool is full and writeback is
+                    // off or failing, or what is left is unevictable. The
+                    // limit turns soft, as memory.high does, and reclaim
+                    // backs off rather than spin.
+                    if self.usage() > self.cfg.limit || pass.rejected + pass.unevictable > 0 {
+                        backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(2));
+                        retry_at = Instant::now() + backoff;
+                        if !self.soft.swap(true, Ordering::Relaxed) {
+                            inc(&self.counters.limit_soft_events);
+                            if !warned {
+                                warned = true;
+                                eprintln!(
+                                    "zmem: usage {} MiB is over the limit and nothing more can be evicted \
+                                     ({}); the limit is soft until reclaim succeeds again",
+                                    self.usage() >> 20,
+                                    if self.tier.config().writeback {
+                                        "the pool is full and writeback fails"
+                                    } else {
+                                        "the pool is full and writeback is off"
+                                    }
+                                );
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+            self.reclaimed.1.notify_all();
+        }
+    }
+
+    /// 1. Isolate: each victim goes Folio::Resident -> Folio::Evicting under its stripe
+    ///    lock. From here faults on it are deferred (`Served::Busy`).
+    /// 2. MOVE its pages into staging, with no lock held: a MOVE that gets
+    ///    EAGAIN waits for the handler to read an event, and the handler
+    ///    never waits for us.
+    /// 3. Store the pages in the tier.
+    /// 4. Finish under the stripe lock: Folio::Evicted, dropping the entries of
+    ///    pages the program dropped meanwhile. A rejected folio keeps its
+    ///    pages uncompressed (`held`) until a fault maps them again.
+    pub(super) fn evict_batch(&self, staging: &Mapping, tracker: Option<&mut WriteTracker>) -> Pass {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let mut pass = Pass::default();
+        let mut isolated = Vec::new();
+        for (st, f) in self.isolate_folios(tracker) {
+            let (lock, _) = self.stripe(&st, f);
+            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if st.folio(f) != Folio::Resident {
+                continue;
+            }
+            st.set_folio(f, Folio::Evicting);
+            self.resident.fetch_sub(1, Ordering::Relaxed);
+            drop(g);
+            isolated.push((st, f));
+        }
+        // (victim, slot in staging, which pages moved)
+        let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
+        for (st, f) in isolated {
+            let dst = staging.addr() + (moved.len() * fs) as u64;
+            let (present, stuck) = self.move_folio(&st, f, dst);
+            if stuck && !present.contains(&true) {
+                // Nothing could move (mlocked, pinned): it stays resident,
+                // and is looked at again only after a trip round the lists.
+                self.finish(&st, f, |_| {
+                    st.set_folio(f, Folio::Resident);
+                    self.resident.fetch_add(1, Ordering::Relaxed);
+                });
+                // Off the lists (as the kernel's unevictable LRU) until
+                // reclaim looks again, now and then: it may be unlocked.
+                st.queued[f].store(true, Ordering::Release);
+                self.lru.lock().unwrap_or_else(|e| e.into_inner()).unevictable.push((Arc::clone(&st), f));
+                self.lru_len.fetch_add(1, Ordering::Relaxed);
+                inc(&self.counters.unevictable_folios);
+                pass.unevictable += 1;
+                continue;
+            }
+            moved.push((st, f, present));
+        }
+        let n = moved.len();
+        for (slot, (st, f, present)) in moved.iter().enumerate() {
+            let base = staging.addr() as usize + slot * fs;
+            // Only the pages MOVE filled may be touched: a hole in staging
+            // is a MISSING fault, which the handler may be unable to serve
+            // while we hold a stripe lock.
+            let runs = page_runs(present);
+            let run_data = |p: usize, n: usize| {
+                // SAFETY: 1. [p, p + n) is a run of present pages of this
+                // staging slot, mapped by MOVE; 2. only this thread touches
+                // staging, and nothing changes it until the DONTNEED below,
+                // after this borrow ends.
+                unsafe { std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, n * PAGE_SIZE) }
+            };
+            let mut ok = true;
+            for &(p, n) in &runs {
+                match self.tier.store(st.key(f * ppf + p), run_data(p, n)) {
+                    Ok(StoreOutcome::Stored { .. }) => {}
+                    _ => ok = false,
+                }
+            }
+            // A rejected folio's pages are copied out before the lock.
+            let kept = (!ok).then(|| {
+                let mut data = vec![0u8; fs].into_boxed_slice();
+                for &(p, n) in &runs {
+                    data[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(run_data(p, n));
+                }
+                data
+            });
+            self.finish(st, *f, |dropped| {
+                if ok {
+                    inc(&self.counters.evicted_folios);
+                    pass.evicted += 1;
+                } else {
+                    // Keep the pages as they are (what was stored goes).
+                    for p in 0..ppf {
+                        self.tier.invalidate(st.key(f * ppf + p));
+                    }
+                    let present: Vec<bool> = present.iter().zip(dropped).map(|(&p, &d)| p && !d).collect();
+                    if let Some(data) = kept.filter(|_| present.contains(&true)) {
+                        let h = Held { data, present };
+                        self.held_bytes.fetch_add(fs, Ordering::Relaxed);
+                        let old = self.held.lock().unwrap_or_else(|e| e.into_inner()).insert((st.id, *f), h);
+                        debug_assert!(old.is_none(), "a held folio was evicted again");
+                    }
+                    inc(&self.counters.eviction_rejects);
+                    pass.rejected += 1;
+                }
+                st.set_folio(*f, Folio::Evicted);
+            });
+        }
+        if n > 0 {
+            // Free the staging pages. A DONTNEED of a registered range raises
+            // a REMOVE event, and until it is read every COPY fails with
+            // EAGAIN: back to back, reclaim batches would starve faults. So
+            // staging is unregistered around it (three cheap syscalls).
+            let (a, l) = (staging.addr(), staging.len() as u64);
+            let _ = self.uffd.unregister(a, l);
+            let _ = staging.dontneed(0, n * fs);
+            if let Err(e) = self.uffd.register(a, l, self.register_mode()) {
+                eprintln!("zmem: re-registering the staging area failed ({e}); reclaim stops");
+                self.stop.store(true, Ordering::Release);
+            }
+        }
+        pass
+    }
+
+    /// MOVEs folio `f` (Folio::Evicting) to `dst` in staging. Returns which pages
+    /// moved, and whether some page could not move for a reason other than
+    /// being a hole (it stays mapped).
+    pub(super) fn move_folio(&self, st: &RegionState, f: usize, dst: u64) -> (Vec<bool>, bool) {
+        let fs = self.cfg.folio_size as u64;
+        let mut present = vec![false; fs as usize / PAGE_SIZE];
+        let mut stuck = false;
+        let mut off = 0u64;
+        while off < fs {
+            // Read the address each time: a REMAP may move the region.
+            let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
+            // SAFETY: src lies in a registered region (or a range it left,
+            // which then fails) and dst in our registered staging area;
+            // neither is covered by a reference.
+            match unsafe { self.uffd.move_until_hole(dst + off, src + off, fs - off) } {
+                Ok(n) => {
+                    present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
+                    // A hole (or the end) follows what moved.
+                    off += n + PAGE_SIZE as u64;
+                }
+                // An event is unread: the handler reads it (it never waits
+                // for an Folio::Evicting folio), then the MOVE goes through.
+                Err(UffdError::Again { done }) => {
+                    present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
+                    off += done;
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                // A page that cannot move (mlocked, shared, pinned) stays.
+                Err(_) => {
+                    stuck = true;
+                    off += PAGE_SIZE as u64;
+                }
+            }
+        }
+        (present, stuck)
+    }
+
+    /// Ends an eviction of folio `f` under its stripe lock: `done` gets the
+    /// pages the program dropped meanwhile (their entries are gone after
+    /// it) and sets the new state; waiters are woken.
+    pub(super) fn finish(&self, st: &RegionState, f: usize, done: impl FnOnce(&[bool])) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let (lock, cv) = self.stripe(st, f);
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = self.dropped.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f));
+        let dropped = dropped.unwrap_or_else(|| vec![false; ppf]);
+        done(&dropped);
+        for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
+            self.tier.invalidate(st.key(f * ppf + p));
+        }
+        cv.notify_all();
+        drop(g);
+    }
+}
+
+/// The runs of `true` in `present`, as (first page, pages).
+fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut p = 0;
+    while p < present.len() {
+        if present[p] {
+            let n = present[p..].iter().take_while(|&&x| x).count();
+            runs.push((p, n));
+            p += n;
+        } else {
+            p += 1;
+        }
+    }
+    runs
+}

@@ -1,0 +1,159 @@
+//! Regions: managed memory handed out by [`Pager::map`], and their folio
+//! tables.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{Folio, Inner, Pager, PagerError};
+use crate::mapping::{Mapping, PAGE_SIZE};
+
+/// A region's bookkeeping: 3 bytes per folio.
+#[derive(Debug)]
+pub(super) struct RegionState {
+    pub(super) id: u32,
+    pub(super) start: AtomicU64,
+    pub(super) mapping: Mutex<Option<Mapping>>,
+    pub(super) len: usize,
+    pub(super) state: Box<[AtomicU8]>,
+    pub(super) referenced: Box<[AtomicBool]>,
+    /// The folio has an entry in the CLOCK queue (at most one, so the hand
+    /// passes each folio once per sweep).
+    pub(super) queued: Box<[AtomicBool]>,
+}
+
+impl RegionState {
+    /// The tier key of page `page` of this region.
+    pub(super) fn key(&self, page: usize) -> u64 {
+        (u64::from(self.id) << 40) | page as u64
+    }
+
+    pub(super) fn folio(&self, f: usize) -> Folio {
+        Folio::from_u8(self.state[f].load(Ordering::Acquire))
+    }
+
+    pub(super) fn set_folio(&self, f: usize, s: Folio) {
+        self.state[f].store(s as u8, Ordering::Release);
+    }
+
+    pub(super) fn swap_folio(&self, f: usize, s: Folio) -> Folio {
+        Folio::from_u8(self.state[f].swap(s as u8, Ordering::AcqRel))
+    }
+}
+
+/// Memory handed out by a [`Pager`]. Unmapped (and its entries dropped) on drop.
+pub struct Region {
+    state: Arc<RegionState>,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region").field("addr", &self.addr()).field("len", &self.state.len).finish()
+    }
+}
+
+impl Region {
+    pub fn addr(&self) -> u64 {
+        self.state.start.load(Ordering::Acquire)
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.state.len == 0
+    }
+
+    /// Whether the folio holding byte `offset` is resident (mapped, not
+    /// evicted or being evicted): `mincore` for a region.
+    pub fn is_resident(&self, offset: usize) -> bool {
+        let f = offset / self.inner.cfg.folio_size;
+        f < self.state.state.len() && self.state.folio(f) == Folio::Resident
+    }
+
+    /// The tier key of the page holding byte `offset` (for tools and tests
+    /// that look at where a page is stored).
+    pub fn entry_key(&self, offset: usize) -> u64 {
+        self.state.key(offset / PAGE_SIZE)
+    }
+
+    /// The region as atomic words, for the lifetime of the region (touching
+    /// a page faults it in).
+    pub fn words(&self) -> &[AtomicU64] {
+        let addr = self.addr();
+        // SAFETY: 1. [addr, addr + len) is this region's mapping, which lives
+        // until the Region (and so this borrow) is dropped; 2. it is
+        // 8-aligned; 3. its bytes are only ever reached through atomics and
+        // the kernel, so shared atomic views are sound.
+        unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, self.state.len / 8) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        let st = &self.state;
+        let addr = st.start.load(Ordering::Acquire);
+        let _ = inner.uffd.unregister(addr, st.len as u64);
+        inner.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&addr);
+        for f in 0..st.state.len() {
+            let (lock, cv) = inner.stripe(st, f);
+            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            // A program thread (never the handler) may wait for reclaim.
+            while st.folio(f) == Folio::Evicting {
+                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            let old = st.swap_folio(f, Folio::Never);
+            drop(g);
+            if old == Folio::Resident {
+                inner.resident.fetch_sub(1, Ordering::Relaxed);
+            }
+            if old == Folio::Evicted {
+                inner.invalidate_folio(st, f);
+            }
+        }
+        inner.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
+        // Unregistered, so munmap raises no event. The region may have been
+        // mremapped since it was mapped: unmap it where it is now.
+        if let Some(m) = st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            std::mem::forget(m);
+            // SAFETY: [addr, addr + len) is this region's mapping at its
+            // current address (tracked through Remap events); nothing refers
+            // into it once the Region is gone.
+            let r = unsafe { rustix::mm::munmap(addr as *mut _, st.len) };
+            debug_assert!(r.is_ok(), "munmap of a region failed: {r:?}");
+        }
+    }
+}
+
+impl Pager {
+    /// Maps `len` bytes (rounded up to folios) of managed memory.
+    ///
+    /// # Errors
+    /// mmap or userfaultfd registration errors.
+    pub fn map(&self, len: usize) -> Result<Region, PagerError> {
+        let fs = self.inner.cfg.folio_size;
+        let len = len.max(1).div_ceil(fs) * fs;
+        let m = Mapping::new(len).map_err(PagerError::Map)?;
+        let addr = m.addr();
+        let advice = rustix::mm::Advice::LinuxDontFork;
+        // SAFETY: the range is our fresh mapping; DONTFORK changes only what
+        // a child inherits.
+        unsafe { rustix::mm::madvise(addr as *mut _, len, advice) }.map_err(PagerError::Map)?;
+        self.inner.uffd.register(addr, len as u64, self.inner.register_mode())?;
+        let nf = len / fs;
+        self.inner.tables.fetch_add(nf * 3, Ordering::Relaxed);
+        let state = Arc::new(RegionState {
+            id: self.inner.next_region.fetch_add(1, Ordering::Relaxed),
+            start: AtomicU64::new(addr),
+            mapping: Mutex::new(Some(m)),
+            len,
+            state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
+            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+        });
+        self.inner.regions.write().unwrap_or_else(|e| e.into_inner()).insert(addr, Arc::clone(&state));
+        Ok(Region { state, inner: Arc::clone(&self.inner) })
+    }
+}

@@ -1,0 +1,103 @@
+//! The pager's counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Pager;
+
+/// Counters of a pager.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PagerStats {
+    /// Faults on never-touched folios, resolved with the zero page.
+    pub zero_faults: u64,
+    /// Faults that loaded a folio from the tier.
+    pub load_faults: u64,
+    /// Faults on a resident folio: a page the program dropped, or a second
+    /// fault on a folio that another fault just brought in.
+    pub dropped_page_faults: u64,
+    /// Faults that waited for an eviction to finish.
+    pub eviction_waits: u64,
+    /// Faults outside every region (a region being dropped, or zmem
+    /// touching its own staging: a bug), answered with a zero page.
+    pub stray_faults: u64,
+    pub evicted_folios: u64,
+    /// Folios whose store was rejected and which were put back.
+    pub eviction_rejects: u64,
+    pub direct_reclaim_waits: u64,
+    /// Times the limit turned soft: usage was over it and a reclaim pass
+    /// could evict nothing (the pool full with writeback off or failing,
+    /// or nothing evictable). Reclaim then backs off and faults stop
+    /// waiting for it, as under memory.high.
+    pub limit_soft_events: u64,
+    /// Whether the limit is soft now.
+    pub limit_soft: bool,
+    /// Folios whose pages could not be moved out (mlocked, pinned): they
+    /// stay resident and are never stored or written back.
+    pub unevictable_folios: u64,
+    /// Bytes of folios whose store was rejected, kept uncompressed until
+    /// they are faulted in again.
+    pub held_bytes: u64,
+    /// Pages that failed to load (a corrupt swap slot, an I/O error): they
+    /// are poisoned, so the program gets SIGBUS there instead of wrong data.
+    pub poisoned_pages: u64,
+    /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
+    pub write_scans: u64,
+    /// Folios found written, which CLOCK then passes over once.
+    pub written_folios: u64,
+    pub resident_bytes: u64,
+    /// The pager's metadata: its folio tables, the CLOCK queue and the
+    /// tier's entries (an estimate).
+    pub metadata_bytes: u64,
+    /// Resident bytes plus the pool plus metadata: what the limit bounds.
+    pub usage_bytes: u64,
+    /// Whether CLOCK's referenced bits are refreshed from write tracking.
+    pub tracking_writes: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) zero_faults: AtomicU64,
+    pub(super) load_faults: AtomicU64,
+    pub(super) dropped_page_faults: AtomicU64,
+    pub(super) eviction_waits: AtomicU64,
+    pub(super) stray_faults: AtomicU64,
+    pub(super) evicted_folios: AtomicU64,
+    pub(super) eviction_rejects: AtomicU64,
+    pub(super) direct_reclaim_waits: AtomicU64,
+    pub(super) limit_soft_events: AtomicU64,
+    pub(super) unevictable_folios: AtomicU64,
+    pub(super) poisoned_pages: AtomicU64,
+    pub(super) write_scans: AtomicU64,
+    pub(super) written_folios: AtomicU64,
+}
+
+pub(super) fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Pager {
+    pub fn stats(&self) -> PagerStats {
+        let c = &self.inner.counters;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PagerStats {
+            zero_faults: r(&c.zero_faults),
+            load_faults: r(&c.load_faults),
+            dropped_page_faults: r(&c.dropped_page_faults),
+            eviction_waits: r(&c.eviction_waits),
+            stray_faults: r(&c.stray_faults),
+            evicted_folios: r(&c.evicted_folios),
+            eviction_rejects: r(&c.eviction_rejects),
+            direct_reclaim_waits: r(&c.direct_reclaim_waits),
+            limit_soft_events: r(&c.limit_soft_events),
+            limit_soft: self.inner.soft.load(Ordering::Relaxed),
+            unevictable_folios: r(&c.unevictable_folios),
+            held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
+            poisoned_pages: r(&c.poisoned_pages),
+            write_scans: r(&c.write_scans),
+            written_folios: r(&c.written_folios),
+            resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
+            metadata_bytes: self.inner.metadata() as u64,
+            usage_bytes: self.inner.usage() as u64,
+            tracking_writes: self.inner.tracking,
+        }
+    }
+}
