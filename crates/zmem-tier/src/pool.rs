@@ -5,17 +5,17 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use zmem_compress::{BatchCompressor, Sequential};
+use zmem_compress::BatchCompressor;
 use zmem_zsmalloc::{Mempool, ZsPool, ZsPoolConfig};
 
 /// A compressor and the zs pool holding what it compressed.
 pub struct Pool {
     pub(crate) id: u32,
     pub(crate) name: String,
-    /// Stores compress through this (the batch API; sequential or engines).
+    /// Stores compress and loads decompress through this (the batch API;
+    /// sequential or engines): one compressor, so what it wrote is what
+    /// reads it back, whatever its name says.
     pub(crate) compressor: Arc<dyn BatchCompressor>,
-    /// Loads and writeback decompress one page at a time through this.
-    pub(crate) sw: Sequential,
     pub(crate) zs: ZsPool,
 }
 
@@ -29,18 +29,11 @@ impl Pool {
     pub(crate) fn new(
         id: u32,
         compressor: Arc<dyn BatchCompressor>,
-        sw: Sequential,
         zs_cfg: ZsPoolConfig,
         mempool: Arc<Mempool>,
         group_pages: Arc<AtomicUsize>,
     ) -> Result<Pool, zmem_zsmalloc::ZsError> {
-        Ok(Pool {
-            id,
-            name: compressor.name(),
-            compressor,
-            sw,
-            zs: ZsPool::new_in_group(zs_cfg, mempool, group_pages)?,
-        })
+        Ok(Pool { id, name: compressor.name(), compressor, zs: ZsPool::new_in_group(zs_cfg, mempool, group_pages)? })
     }
 
     pub fn id(&self) -> u32 {

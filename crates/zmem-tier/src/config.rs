@@ -1,0 +1,74 @@
+//! The tier's settings.
+
+use std::path::PathBuf;
+
+use zmem_compress::{CodecSpec, EnginesConfig};
+use zmem_swapfile::SwapFileConfig;
+use zmem_zsmalloc::{MempoolConfig, ZsPoolConfig};
+
+/// Settings of a tier.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    pub compressor: CodecSpec,
+    /// Pages per compress call of the sequential adapter (1..=32).
+    pub batch_size: usize,
+    /// Compress through the multi-engine device instead.
+    pub engines: Option<EnginesConfig>,
+    /// The pool limit in bytes; when `None`, `max_pool_percent` of
+    /// `memory_budget`.
+    pub max_pool_bytes: Option<usize>,
+    pub max_pool_percent: u32,
+    pub memory_budget: usize,
+    /// After the limit is hit, stores resume below this percent of it.
+    pub accept_threshold_percent: u32,
+    /// Write cold entries back to the swap file (memory.zswap.writeback).
+    pub writeback: bool,
+    /// The swap file; needed for writeback.
+    pub swap: Option<SwapFileConfig>,
+    /// Free an entry when it is loaded (the default, as zswap does).
+    pub exclusive_loads: bool,
+    pub zs: ZsPoolConfig,
+    pub mempool: MempoolConfig,
+}
+
+/// Total RAM from /proc/meminfo, or 1 GiB if it cannot be read.
+pub fn total_ram() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<usize>().ok()
+        })
+        .map_or(1 << 30, |kib| kib * 1024)
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            compressor: "lz4".parse().expect("lz4 is a codec"),
+            batch_size: zmem_compress::batch::DEFAULT_BATCH_SIZE,
+            engines: None,
+            max_pool_bytes: None,
+            max_pool_percent: 20,
+            memory_budget: total_ram(),
+            accept_threshold_percent: 90,
+            writeback: true,
+            swap: Some(SwapFileConfig::default()),
+            exclusive_loads: true,
+            zs: ZsPoolConfig::default(),
+            mempool: MempoolConfig::default(),
+        }
+    }
+}
+
+impl TierConfig {
+    /// A tier with no swap file: writeback off, incompressible pages rejected.
+    pub fn without_writeback() -> Self {
+        TierConfig { writeback: false, swap: None, ..Default::default() }
+    }
+
+    pub fn with_swap_dir(mut self, dir: PathBuf, encrypt: bool) -> Self {
+        self.swap = Some(SwapFileConfig { dir, encrypt, ..SwapFileConfig::default() });
+        self
+    }
+}

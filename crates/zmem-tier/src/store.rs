@@ -1,0 +1,201 @@
+//! Store: compress a folio into the current pool, or reject it.
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use zmem_compress::CompressError;
+use zmem_zsmalloc::PAGE_SIZE;
+
+use crate::stats::inc;
+use crate::{Entry, Pool, Stored, Tier, TierError, MAX_FOLIO_PAGES};
+
+/// Why a store was rejected (each has its counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The pool is at its limit and the shrinker could not make room.
+    PoolLimit,
+    /// A page did not compress and writeback is off.
+    CompressPoor,
+    /// The compressor failed.
+    CompressFail,
+    /// The pool could not allocate.
+    AllocFail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Every page is stored; how many as same-filled markers and raw.
+    Stored { same_filled: usize, incompressible: usize },
+    /// Nothing is stored, and older entries for these keys are gone.
+    Rejected(RejectReason),
+}
+
+/// Entry ids: unique per store, handed to threads in blocks so that a store
+/// does not touch a shared counter per page.
+static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
+const ID_BLOCK: u64 = 1024;
+
+fn next_ids(n: usize) -> u64 {
+    thread_local!(static IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
+    IDS.with(|c| {
+        let (mut next, mut end) = c.get();
+        if next + n as u64 > end {
+            let take = ID_BLOCK.max(n as u64);
+            next = NEXT_ID_BLOCK.fetch_add(take, Ordering::Relaxed);
+            end = next + take;
+        }
+        c.set((next + n as u64, end));
+        next
+    })
+}
+
+/// The repeated word if every 8-byte word of `page` is the same.
+fn same_filled(page: &[u8]) -> Option<u64> {
+    let (first, rest) = page.split_at(8);
+    let v = u64::from_ne_bytes(first.try_into().ok()?);
+    rest.chunks_exact(8).all(|w| w == first).then_some(v)
+}
+
+impl Tier {
+    /// zswap_check_limits, with hysteresis; shrinks inline when it can.
+    fn may_store(&self) -> bool {
+        let total = self.pool_total_size();
+        if total >= self.max_bytes {
+            inc(&self.counters.pool_limit_hit, 1);
+            self.full.store(true, Ordering::Relaxed);
+        } else if self.full.load(Ordering::Relaxed) && total <= self.accept_bytes {
+            self.full.store(false, Ordering::Relaxed);
+        }
+        if !self.full.load(Ordering::Relaxed) {
+            return true;
+        }
+        // There is no kswapd here: the store that finds the pool full runs
+        // the shrinker itself, down to the accept threshold.
+        if self.writeback_enabled() {
+            self.shrinker().shrink_to(self.accept_bytes);
+            if self.pool_total_size() <= self.accept_bytes {
+                self.full.store(false, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Stores `folio` (1..=512 pages) under keys `key`, `key + 1`, … All or
+    /// nothing: on a rejection no page stays stored and older entries for
+    /// these keys are invalidated (as zswap_store does).
+    ///
+    /// # Errors
+    /// [`TierError::BadFolio`] (nothing changes); [`TierError::Compress`] if
+    /// the batch call itself is refused (a bug).
+    pub fn store(&self, key: u64, folio: &[u8]) -> Result<StoreOutcome, TierError> {
+        let n = folio.len() / PAGE_SIZE;
+        if folio.is_empty() || folio.len() % PAGE_SIZE != 0 || n > MAX_FOLIO_PAGES {
+            return Err(TierError::BadFolio { len: folio.len() });
+        }
+        if !self.may_store() {
+            return Ok(self.reject(key, n, RejectReason::PoolLimit));
+        }
+        let pool = self.current();
+        let mut stored: Vec<Option<Stored>> = vec![None; n];
+        let pages: Vec<&[u8]> = folio.chunks_exact(PAGE_SIZE).collect();
+        let mut todo = Vec::with_capacity(n);
+        for (i, p) in pages.iter().enumerate() {
+            match same_filled(p) {
+                Some(v) => stored[i] = Some(Stored::SameFilled(v)),
+                None => todo.push(i),
+            }
+        }
+        if let Err(reason) = self.compress_into_pool(&pool, &pages, &todo, &mut stored) {
+            for s in stored.iter().flatten() {
+                if let Stored::Pool { handle, .. } = s {
+                    let r = pool.zs.free(*handle);
+                    debug_assert!(r.is_ok(), "{r:?}");
+                }
+            }
+            return Ok(self.reject(key, n, reason));
+        }
+        let first_id = next_ids(n);
+        let mut lru_items = Vec::with_capacity(todo.len());
+        let (mut same, mut raw) = (0, 0);
+        for (i, s) in stored.into_iter().enumerate() {
+            let s = s.expect("every page was stored");
+            let e = Entry { id: first_id + i as u64, pool: pool.id, stored: s, referenced: true };
+            let k = key.wrapping_add(i as u64);
+            match s {
+                Stored::SameFilled(_) => same += 1,
+                Stored::Pool { len, .. } => {
+                    raw += usize::from(len as usize == PAGE_SIZE);
+                    lru_items.push((k, e.id));
+                }
+                Stored::Swap { .. } => unreachable!("stores never go straight to swap"),
+            }
+            let mut shard = self.tree.lock(k);
+            let old = shard.insert(k, e, &pool);
+            let dropped = old.and_then(|o| self.release(&mut shard, o));
+            drop(shard);
+            drop(dropped);
+        }
+        self.lru.push(lru_items);
+        let c = &self.counters;
+        inc(&c.stored_pages, n as u64);
+        inc(&c.same_filled_pages, same as u64);
+        inc(&c.stored_incompressible_pages, raw as u64);
+        inc(&c.zswpout, n as u64);
+        Ok(StoreOutcome::Stored { same_filled: same, incompressible: raw })
+    }
+
+    /// Compresses the pages `todo` in batches and puts each in the pool.
+    fn compress_into_pool(
+        &self,
+        pool: &Pool,
+        pages: &[&[u8]],
+        todo: &[usize],
+        stored: &mut [Option<Stored>],
+    ) -> Result<(), RejectReason> {
+        thread_local!(static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
+        let bs = pool.compressor.batch_size().max(1);
+        SCRATCH.with(|s| {
+            let mut scratch = s.borrow_mut();
+            scratch.resize(bs * PAGE_SIZE, 0);
+            let mut results = vec![Ok(0); bs];
+            for chunk in todo.chunks(bs) {
+                let srcs: Vec<&[u8]> = chunk.iter().map(|&i| pages[i]).collect();
+                let mut dsts: Vec<&mut [u8]> = scratch.chunks_exact_mut(PAGE_SIZE).take(chunk.len()).collect();
+                let res = &mut results[..chunk.len()];
+                if pool.compressor.compress_batch(&srcs, &mut dsts, res).is_err() {
+                    inc(&self.counters.reject_compress_fail, 1);
+                    return Err(RejectReason::CompressFail);
+                }
+                for (j, &i) in chunk.iter().enumerate() {
+                    let (obj, raw): (&[u8], bool) = match &res[j] {
+                        Ok(len) => (&dsts[j][..*len], false),
+                        Err(CompressError::Poor) if self.writeback_enabled() => (pages[i], true),
+                        Err(CompressError::Poor) => {
+                            inc(&self.counters.reject_compress_poor, 1);
+                            return Err(RejectReason::CompressPoor);
+                        }
+                        Err(_) => {
+                            inc(&self.counters.reject_compress_fail, 1);
+                            return Err(RejectReason::CompressFail);
+                        }
+                    };
+                    let Ok(handle) = pool.zs.malloc_copy(obj) else {
+                        inc(&self.counters.reject_alloc_fail, 1);
+                        return Err(RejectReason::AllocFail);
+                    };
+                    let len = if raw { PAGE_SIZE } else { obj.len() } as u32;
+                    stored[i] = Some(Stored::Pool { handle, len });
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn reject(&self, key: u64, n: usize, reason: RejectReason) -> StoreOutcome {
+        for i in 0..n as u64 {
+            self.invalidate(key.wrapping_add(i));
+        }
+        StoreOutcome::Rejected(reason)
+    }
+}

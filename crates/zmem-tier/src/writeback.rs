@@ -1,0 +1,130 @@
+//! Writeback: the coldest pool entries go to the swap file.
+
+use zmem_zsmalloc::PAGE_SIZE;
+
+use crate::stats::{dec, inc};
+use crate::{Stored, Tier};
+
+impl Tier {
+    /// Writes back up to `nr` of the coldest pool entries now, whatever the
+    /// pool's size (`memory.reclaim source=zswap`). Returns how many went.
+    pub fn writeback(&self, nr: usize) -> usize {
+        let mut scratch = self.shrink_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Every entry may need two visits (the first clears `referenced`).
+        let budget = 2 * self.lru.len() + nr;
+        let (mut done, mut scanned) = (0, 0);
+        while done < nr && scanned < budget {
+            let pass = self.writeback_batch(&mut scratch, (nr - done).min(WRITEBACK_BATCH));
+            if pass.failed || pass.scanned == 0 {
+                break;
+            }
+            done += pass.written;
+            scanned += pass.scanned;
+        }
+        done
+    }
+
+    /// One batch of writeback from the cold end of the LRU. The caller holds
+    /// `shrink_lock` and passes its scratch buffer.
+    fn writeback_batch(&self, scratch: &mut Vec<u8>, max: usize) -> Pass {
+        let mut pass = Pass::default();
+        let Some(sf) = self.swap.as_ref().filter(|_| self.cfg.writeback) else { return pass };
+        if self.lru.needs_rebuild() {
+            self.lru.rebuild(|k, id| self.tree.lock(k).get(k).is_some_and(|e| e.id == id && e.in_pool()));
+        }
+        scratch.resize(max * PAGE_SIZE, 0);
+        let mut victims: Vec<(u64, u64)> = Vec::with_capacity(max);
+        let mut rotate = Vec::new();
+        let mut scanned = 0;
+        while victims.len() < max && scanned < max * 8 {
+            let items = self.lru.pop_cold(max - victims.len());
+            if items.is_empty() {
+                break;
+            }
+            for (key, id) in items {
+                scanned += 1;
+                pass.scanned += 1;
+                let mut shard = self.tree.lock(key);
+                let Some(e) = shard.get_mut(key) else { continue };
+                if e.id != id || !e.in_pool() {
+                    continue; // a stale LRU item
+                }
+                if e.referenced {
+                    // Second chance, as shrink_memcg_cb gives.
+                    e.referenced = false;
+                    rotate.push((key, id));
+                    continue;
+                }
+                let e = *e;
+                let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
+                let dst = &mut scratch[victims.len() * PAGE_SIZE..(victims.len() + 1) * PAGE_SIZE];
+                match Self::load_from_pool(pool, key, &e, dst) {
+                    Ok(()) => victims.push((key, id)),
+                    Err(_) => {
+                        inc(&self.counters.decompress_fail, 1);
+                        rotate.push((key, id));
+                    }
+                }
+            }
+        }
+        self.lru.push(rotate);
+        if victims.is_empty() {
+            return pass;
+        }
+        let pages: Vec<&[u8]> = scratch.chunks_exact(PAGE_SIZE).take(victims.len()).collect();
+        let slots = match sf.write_batch(&pages) {
+            Ok(s) => s,
+            Err(_) => {
+                // ENOSPC, EIO, no bounce pages: the entries stay in the pool.
+                inc(&self.counters.reject_reclaim_fail, victims.len() as u64);
+                self.lru.push_cold(&victims);
+                pass.failed = true;
+                return pass;
+            }
+        };
+        let mut written = 0;
+        for ((key, id), slot) in victims.into_iter().zip(slots) {
+            let mut shard = self.tree.lock(key);
+            let mut raw = false;
+            let r = shard.writeback_commit(key, id, slot, |p, e| {
+                if let Stored::Pool { handle, len } = e.stored {
+                    raw = len as usize == PAGE_SIZE;
+                    let r = p.zs.free(handle);
+                    debug_assert!(r.is_ok(), "{r:?}");
+                }
+            });
+            drop(shard);
+            match r {
+                Ok(dropped) => {
+                    drop(dropped);
+                    written += 1;
+                    dec(&self.counters.stored_pages, 1);
+                    if raw {
+                        dec(&self.counters.stored_incompressible_pages, 1);
+                    }
+                }
+                // Loaded, invalidated or stored again while we wrote: the
+                // slot holds nothing anyone needs.
+                Err(()) => {
+                    let _ = sf.free(slot);
+                }
+            }
+        }
+        inc(&self.counters.written_back_pages, written as u64);
+        pass.written = written;
+        pass
+    }
+}
+
+/// What one writeback pass did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pass {
+    /// LRU items looked at (written, rotated, or stale).
+    scanned: usize,
+    written: usize,
+    /// The swap file refused the batch (ENOSPC, EIO): stop for now.
+    failed: bool,
+}
+
+/// How many entries one writeback pass takes (one pwritev per run).
+const WRITEBACK_BATCH: usize = 32;
