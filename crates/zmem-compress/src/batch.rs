@@ -16,6 +16,7 @@
 //! [`crate::engines::Engines`] runs them in parallel on worker engines.
 
 use std::sync::{Arc, Mutex};
+use zmem_common::LockExt;
 
 use crate::codec::{CodecSpec, Compressor};
 use crate::engines::Inflight;
@@ -239,10 +240,10 @@ impl CtxPool {
     }
 
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut dyn Compressor) -> R) -> R {
-        let taken = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let taken = self.spare.lock_ok().pop();
         let mut ctx = taken.unwrap_or_else(|| (self.factory)());
         let r = f(ctx.as_mut());
-        self.spare.lock().unwrap_or_else(|e| e.into_inner()).push(ctx);
+        self.spare.lock_ok().push(ctx);
         r
     }
 }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
+use zmem_common::LockExt;
 
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
 
@@ -192,7 +193,7 @@ impl Inflight {
 
     fn complete_one(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some(t) = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Some(t) = self.waiter.lock_ok().as_ref() {
                 t.unpark();
             }
         }
@@ -349,7 +350,7 @@ impl Engines {
         let mut scratch = Vec::new();
         let mut w = Worker { verify: self.shared.cfg.verify_compress, counters, scratch: &mut scratch };
         self.sw.with(|ctx| {
-            let mut item = inf.items[i].lock().unwrap_or_else(|e| e.into_inner());
+            let mut item = inf.items[i].lock_ok();
             w.run(inf.op, &mut item, ctx);
         });
         inf.complete_one();
@@ -427,7 +428,7 @@ impl Engines {
             }
         }
         if !inf.done() {
-            *inf.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread::current());
+            *inf.waiter.lock_ok() = Some(thread::current());
             let mut timed_out = false;
             while !inf.done() {
                 let now = Instant::now();
@@ -453,14 +454,7 @@ impl Engines {
         // queues (or in a stalled engine) holding a clone of the Arc, so the
         // items are moved out through their mutexes, not by unwrapping it.
         // A late engine finds them claimed and drops the descriptor.
-        Batch {
-            op: inf.op,
-            items: inf
-                .items
-                .iter()
-                .map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner())))
-                .collect(),
-        }
+        Batch { op: inf.op, items: inf.items.iter().map(|m| std::mem::take(&mut *m.lock_ok())).collect() }
     }
 
     fn run_sync(&self, op: Op, src: &[&[u8]], dst: &mut [&mut [u8]]) -> Result<Batch, Error> {
@@ -520,7 +514,7 @@ fn engine_main(
             continue;
         }
         {
-            let mut item = inf.items[i].lock().unwrap_or_else(|e| e.into_inner());
+            let mut item = inf.items[i].lock_ok();
             let mut w = Worker { verify: shared.cfg.verify_compress, counters, scratch: &mut scratch };
             w.run(inf.op, &mut item, ctx.as_mut());
         }

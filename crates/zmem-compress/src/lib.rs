@@ -27,4 +27,4 @@ pub use engines::{EngineStats, Engines, EnginesConfig, WqMode};
 pub use error::{CompressError, DecompressError, Error};
 
 /// The size of one page of user memory.
-pub const PAGE_SIZE: usize = 4096;
+pub use zmem_common::PAGE_SIZE;

@@ -37,6 +37,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use zmem_common::LockExt;
 
 use thiserror::Error;
 use zmem_zsmalloc::{Mempool, Page, PAGE_SIZE};
@@ -232,7 +233,7 @@ impl SwapFile {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots.lock_ok()
     }
 
     /// Writes `pages` to fresh slots and returns them, in order. All or

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use zmem_common::defaults;
 use zmem_compress::{CodecSpec, EnginesConfig};
 use zmem_swapfile::SwapFileConfig;
 use zmem_zsmalloc::{MempoolConfig, ZsPoolConfig};
@@ -45,13 +46,13 @@ pub fn total_ram() -> usize {
 impl Default for TierConfig {
     fn default() -> Self {
         TierConfig {
-            compressor: "lz4".parse().expect("lz4 is a codec"),
+            compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
             batch_size: zmem_compress::batch::DEFAULT_BATCH_SIZE,
             engines: None,
             max_pool_bytes: None,
-            max_pool_percent: 20,
+            max_pool_percent: defaults::MAX_POOL_PERCENT,
             memory_budget: total_ram(),
-            accept_threshold_percent: 90,
+            accept_threshold_percent: defaults::ACCEPT_THRESHOLD_PERCENT,
             writeback: true,
             swap: Some(SwapFileConfig::default()),
             exclusive_loads: true,

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use zmem_common::LockExt;
 
 #[derive(Debug, Default)]
 pub struct Lru {
@@ -18,7 +19,7 @@ pub struct Lru {
 
 impl Lru {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, u64)>> {
-        self.q.lock().unwrap_or_else(|e| e.into_inner())
+        self.q.lock_ok()
     }
 
     /// Adds items at the hot end.

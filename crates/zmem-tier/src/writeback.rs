@@ -1,5 +1,6 @@
 //! Writeback: the coldest pool entries go to the swap file.
 
+use zmem_common::LockExt;
 use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::stats::{dec, inc};
@@ -9,7 +10,7 @@ impl Tier {
     /// Writes back up to `nr` of the coldest pool entries now, whatever the
     /// pool's size (`memory.reclaim source=zswap`). Returns how many went.
     pub fn writeback(&self, nr: usize) -> usize {
-        let mut scratch = self.shrink_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = self.shrink_lock.lock_ok();
         // Every entry may need two visits (the first clears `referenced`).
         let budget = 2 * self.lru.len() + nr;
         let (mut done, mut scanned) = (0, 0);

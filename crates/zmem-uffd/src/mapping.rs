@@ -8,7 +8,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
-pub const PAGE_SIZE: usize = 4096;
+pub use zmem_common::PAGE_SIZE;
 
 #[derive(Debug)]
 pub struct Mapping {

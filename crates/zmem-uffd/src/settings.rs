@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::PagerConfig;
+use zmem_common::defaults;
 use zmem_tier::{CodecSpec, TierConfig};
 
 /// The shim's settings.
@@ -68,10 +69,10 @@ fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
 impl Settings {
     /// `ZMEM_THRESHOLD`'s default (a constant: the shim needs it before it
     /// may allocate).
-    pub const DEFAULT_THRESHOLD: usize = 1 << 20;
+    pub const DEFAULT_THRESHOLD: usize = defaults::THRESHOLD;
     /// Where the swap file goes unless `ZMEM_SWAPFILE_DIR` says otherwise:
     /// a disk directory (tmpfs would keep written-back pages in RAM).
-    pub const DEFAULT_SWAPFILE_DIR: &'static str = "/var/tmp";
+    pub const DEFAULT_SWAPFILE_DIR: &'static str = defaults::SWAPFILE_DIR;
 }
 
 /// Why `dir` cannot hold a swap file (not a directory, or in RAM).
@@ -98,13 +99,13 @@ pub fn check_swapfile_dir(dir: &std::path::Path) -> Result<(), String> {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            limit: 1 << 30,
-            compressor: "lz4".parse().expect("lz4 is a codec"),
-            max_pool_percent: 20,
+            limit: defaults::LIMIT,
+            compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
+            max_pool_percent: defaults::MAX_POOL_PERCENT,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
-            folio: 64 << 10,
+            folio: defaults::FOLIO_SIZE,
             stats_dir: PathBuf::from("/tmp/zmem-stats"),
             stats_interval: Duration::from_millis(1000),
             disable: false,

@@ -33,10 +33,11 @@
 use std::ptr::NonNull;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+use zmem_common::{unpoison, LockExt};
 
 use thiserror::Error;
 
-pub const PAGE_SIZE: usize = 4096;
+pub use zmem_common::PAGE_SIZE;
 /// The smallest batch of pages released to the OS at once.
 pub const RELEASE_BATCH: usize = 64;
 
@@ -228,7 +229,7 @@ impl Mempool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock_ok()
     }
 
     /// One page, by the same steps as a bulk request of one.
@@ -285,7 +286,7 @@ impl Mempool {
                 break;
             }
             waited = true;
-            g = self.freed.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            g = unpoison(self.freed.wait_timeout(g, deadline - now)).0;
         }
         g.stats.reserve_allocs += u64::from(from_reserve);
         g.stats.waits += u64::from(waited);

@@ -27,6 +27,7 @@
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, MutexGuard};
+use zmem_common::LockExt;
 
 use thiserror::Error;
 
@@ -311,7 +312,7 @@ impl ZsPool {
     }
 
     fn lock(&self, class: usize) -> MutexGuard<'_, ClassInner> {
-        self.classes[class].inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.classes[class].inner.lock_ok()
     }
 
     /// Allocates an object of `size` bytes (1..=PAGE_SIZE).
@@ -523,7 +524,7 @@ impl ZsPool {
     pub fn metadata_bytes(&self) -> usize {
         let mut b = self.handles.bytes() + std::mem::size_of::<ZsPool>();
         for c in &self.classes {
-            let g = c.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let g = c.inner.lock_ok();
             b += std::mem::size_of::<SizeClass>()
                 + g.zspages.capacity() * std::mem::size_of::<Option<ZsPage>>()
                 + (g.free_ids.capacity() + g.free_handles.capacity()) * 4
@@ -544,7 +545,7 @@ impl ZsPool {
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
-                let g = c.inner.lock().unwrap_or_else(|e| e.into_inner());
+                let g = c.inner.lock_ok();
                 (g.nr_zspages > 0).then(|| ClassStats {
                     class: i,
                     size: c.shape.size,

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zmem_common::LockExt;
 
 use super::stats::inc;
 use super::{Inner, RegionState};
@@ -31,7 +32,7 @@ impl Inner {
     }
 
     pub(super) fn kick_reclaim(&self) {
-        *self.kick.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *self.kick.0.lock_ok() = true;
         self.kick.1.notify_one();
     }
 
@@ -47,7 +48,7 @@ impl Inner {
             inc(&self.counters.direct_reclaim_waits);
             let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
             while self.usage() > self.cfg.limit && Instant::now() < deadline {
-                let g = self.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+                let g = self.reclaimed.0.lock_ok();
                 let _ = self.reclaimed.1.wait_timeout(g, Duration::from_millis(1));
             }
         }

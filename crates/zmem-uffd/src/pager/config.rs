@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use thiserror::Error;
+use zmem_common::defaults;
 use zmem_tier::{TierConfig, TierError};
 
 use crate::sys::UffdError;
@@ -54,24 +55,25 @@ pub struct PagerConfig {
 }
 
 impl PagerConfig {
-    /// A pager under `limit` bytes. Its tier's pool may take half of the
-    /// limit, and writes back to a swap file in the temporary directory
-    /// beyond that: real heap pages compress 2-3x, so a working set of
-    /// several times the limit does not fit without writeback.
+    /// A pager under `limit` bytes, with the defaults of
+    /// `zmem_common::defaults`. Its tier's pool may take `MAX_POOL_PERCENT`
+    /// of the limit, and writes back to a swap file in the temporary
+    /// directory beyond that: real heap pages compress 2-3x, so a working
+    /// set of several times the limit does not fit without writeback.
     pub fn with_limit(limit: usize) -> PagerConfig {
         PagerConfig {
             limit,
-            high_watermark_percent: 95,
-            low_watermark_percent: 85,
-            folio_size: 64 << 10,
-            reclaim_batch: 8,
+            high_watermark_percent: defaults::HIGH_WATERMARK_PERCENT,
+            low_watermark_percent: defaults::LOW_WATERMARK_PERCENT,
+            folio_size: defaults::FOLIO_SIZE,
+            reclaim_batch: defaults::RECLAIM_BATCH,
             direct_reclaim_wait: Duration::from_millis(20),
             handler_threads: 1,
             handler_spin: Duration::ZERO,
             handler_cpus: Vec::new(),
             track_writes: true,
             thread_init: None,
-            tier: TierConfig { memory_budget: limit, max_pool_percent: 50, ..TierConfig::default() },
+            tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
         }
     }
 }

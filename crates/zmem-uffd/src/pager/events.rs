@@ -1,6 +1,7 @@
 //! Events: the program dropped (madvise, munmap) or moved (mremap) memory.
 
 use std::sync::atomic::Ordering;
+use zmem_common::{LockExt, RwLockExt};
 
 use super::{Folio, Inner};
 use crate::mapping::PAGE_SIZE;
@@ -14,12 +15,12 @@ impl Inner {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         for f in first_page / ppf..last_page.div_ceil(ppf) {
             let (lock, _) = self.stripe(&st, f);
-            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let g = lock.lock_ok();
             let pages = (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page);
             if st.folio(f) == Folio::Evicting {
                 // The evictor drops these pages' entries when it finishes
                 // (this thread must not wait for it: see `fault`).
-                let mut d = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+                let mut d = self.dropped.lock_ok();
                 let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
                 mask[pages.start - f * ppf..pages.end - f * ppf].fill(true);
                 continue;
@@ -27,7 +28,7 @@ impl Inner {
             for p in pages.clone() {
                 self.tier.invalidate(st.key(p));
             }
-            if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&(st.id, f)) {
+            if let Some(h) = self.held.lock_ok().get_mut(&(st.id, f)) {
                 h.present[pages.start - f * ppf..pages.end - f * ppf].fill(false);
             }
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
@@ -43,7 +44,7 @@ impl Inner {
     /// A whole region moved: entries are region-relative, so only its
     /// address changes.
     pub(super) fn remap(&self, from: u64, to: u64, len: u64) {
-        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let mut regions = self.regions.write_ok();
         if let Some(st) = regions.remove(&from) {
             if st.len as u64 == len {
                 st.start.store(to, Ordering::Release);

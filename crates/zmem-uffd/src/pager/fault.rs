@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zmem_common::{LockExt, RwLockExt};
 
 use zmem_tier::LoadOutcome;
 
@@ -38,7 +39,7 @@ impl Inner {
         let spin = self.cfg.handler_spin;
         let mut last_event = Instant::now();
         loop {
-            if self.stop.load(Ordering::Acquire) && self.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
                 return;
             }
             // Busy-poll (non-blocking reads) for `spin` after the last
@@ -97,7 +98,7 @@ impl Inner {
         let f = ((addr - start) / fs) as usize;
         let folio_addr = start + f as u64 * fs;
         let (lock, _) = self.stripe(&st, f);
-        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let g = lock.lock_ok();
         match st.folio(f) {
             Folio::Evicting => {
                 // Never wait here: the evictor may need this thread to
@@ -129,7 +130,7 @@ impl Inner {
                         }
                     }
                 }
-                if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).get(&(st.id, f)) {
+                if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
                     for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
                         page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                     }

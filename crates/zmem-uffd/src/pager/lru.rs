@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use zmem_common::LockExt;
 
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
@@ -101,7 +102,7 @@ impl Inner {
         if st.queued[f].swap(true, Ordering::AcqRel) {
             return;
         }
-        self.lru.lock().unwrap_or_else(|e| e.into_inner()).inactive.push_back((Arc::clone(st), f));
+        self.lru.lock_ok().inactive.push_back((Arc::clone(st), f));
         self.lru_len.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -150,7 +151,7 @@ impl Inner {
             self.lru_len.fetch_sub(1, Ordering::Relaxed);
             st.queued[*f].store(false, Ordering::Release);
         };
-        self.lru.lock().unwrap_or_else(|e| e.into_inner()).isolate(self.cfg.reclaim_batch, look, live, left)
+        self.lru.lock_ok().isolate(self.cfg.reclaim_batch, look, live, left)
     }
 }
 

@@ -97,6 +97,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use zmem_common::{LockExt, RwLockExt};
 
 use zmem_tier::{Tier, TierConfig};
 
@@ -301,7 +302,7 @@ impl Pager {
             && !self.inner.soft.load(Ordering::Relaxed)
             && Instant::now() < deadline
         {
-            let g = self.inner.reclaimed.0.lock().unwrap_or_else(|e| e.into_inner());
+            let g = self.inner.reclaimed.0.lock_ok();
             let _ = self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(5));
         }
     }
@@ -314,7 +315,7 @@ impl Drop for Pager {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         self.inner.kick_reclaim();
-        if self.inner.regions.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        if self.inner.regions.read_ok().is_empty() {
             for t in self.threads.drain(..) {
                 let _ = t.join();
             }
@@ -332,7 +333,7 @@ impl Inner {
     }
 
     pub(super) fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let regions = self.regions.read_ok();
         let (_, r) = regions.range(..=addr).next_back()?;
         (addr < r.start.load(Ordering::Acquire) + r.len as u64).then(|| Arc::clone(r))
     }
@@ -348,7 +349,7 @@ impl Inner {
     }
 
     pub(super) fn unhold(&self, st: &RegionState, f: usize) {
-        if let Some(h) = self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f)) {
+        if let Some(h) = self.held.lock_ok().remove(&(st.id, f)) {
             self.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
         }
     }

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zmem_common::{unpoison, LockExt};
 
 use zmem_tier::StoreOutcome;
 
@@ -26,14 +27,14 @@ impl Inner {
         loop {
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
-                let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+                let mut lru = self.lru.lock_ok();
                 let back = std::mem::take(&mut lru.unevictable);
                 lru.inactive.extend(back);
             }
             {
-                let mut k = self.kick.0.lock().unwrap_or_else(|e| e.into_inner());
+                let mut k = self.kick.0.lock_ok();
                 if !*k {
-                    k = self.kick.1.wait_timeout(k, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+                    k = unpoison(self.kick.1.wait_timeout(k, Duration::from_millis(10))).0;
                 }
                 *k = false;
             }
@@ -103,7 +104,7 @@ impl Inner {
         let mut isolated = Vec::new();
         for (st, f) in self.isolate_folios(tracker) {
             let (lock, _) = self.stripe(&st, f);
-            let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let g = lock.lock_ok();
             if st.folio(f) != Folio::Resident {
                 continue;
             }
@@ -127,7 +128,7 @@ impl Inner {
                 // Off the lists (as the kernel's unevictable LRU) until
                 // reclaim looks again, now and then: it may be unlocked.
                 st.queued[f].store(true, Ordering::Release);
-                self.lru.lock().unwrap_or_else(|e| e.into_inner()).unevictable.push((Arc::clone(&st), f));
+                self.lru.lock_ok().unevictable.push((Arc::clone(&st), f));
                 self.lru_len.fetch_add(1, Ordering::Relaxed);
                 inc(&self.counters.unevictable_folios);
                 pass.unevictable += 1;
@@ -177,7 +178,7 @@ impl Inner {
                     if let Some(data) = kept.filter(|_| present.contains(&true)) {
                         let h = Held { data, present };
                         self.held_bytes.fetch_add(fs, Ordering::Relaxed);
-                        let old = self.held.lock().unwrap_or_else(|e| e.into_inner()).insert((st.id, *f), h);
+                        let old = self.held.lock_ok().insert((st.id, *f), h);
                         debug_assert!(old.is_none(), "a held folio was evicted again");
                     }
                     inc(&self.counters.eviction_rejects);
@@ -245,8 +246,8 @@ impl Inner {
     pub(super) fn finish(&self, st: &RegionState, f: usize, done: impl FnOnce(&[bool])) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let (lock, cv) = self.stripe(st, f);
-        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let dropped = self.dropped.lock().unwrap_or_else(|e| e.into_inner()).remove(&(st.id, f));
+        let g = lock.lock_ok();
+        let dropped = self.dropped.lock_ok().remove(&(st.id, f));
         let dropped = dropped.unwrap_or_else(|| vec![false; ppf]);
         done(&dropped);
         for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {

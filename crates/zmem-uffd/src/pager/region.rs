@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use super::{Folio, Inner, Pager, PagerError};
 use crate::mapping::{Mapping, PAGE_SIZE};
@@ -96,13 +97,13 @@ impl Drop for Region {
         let st = &self.state;
         let addr = st.start.load(Ordering::Acquire);
         let _ = inner.uffd.unregister(addr, st.len as u64);
-        inner.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&addr);
+        inner.regions.write_ok().remove(&addr);
         for f in 0..st.state.len() {
             let (lock, cv) = inner.stripe(st, f);
-            let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = lock.lock_ok();
             // A program thread (never the handler) may wait for reclaim.
             while st.folio(f) == Folio::Evicting {
-                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                g = unpoison(cv.wait(g));
             }
             let old = st.swap_folio(f, Folio::Never);
             drop(g);
@@ -116,7 +117,7 @@ impl Drop for Region {
         inner.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
-        if let Some(m) = st.mapping.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(m) = st.mapping.lock_ok().take() {
             std::mem::forget(m);
             // SAFETY: [addr, addr + len) is this region's mapping at its
             // current address (tracked through Remap events); nothing refers
@@ -153,7 +154,7 @@ impl Pager {
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         });
-        self.inner.regions.write().unwrap_or_else(|e| e.into_inner()).insert(addr, Arc::clone(&state));
+        self.inner.regions.write_ok().insert(addr, Arc::clone(&state));
         Ok(Region { state, inner: Arc::clone(&self.inner) })
     }
 }

@@ -1,0 +1,158 @@
+//! The kernel's side: a swap file, zswap's parameters and a cgroup v1
+//! memory limit on the workers, all restored on drop; and the kernel's
+//! counters (vmstat, debugfs).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+pub(super) const ZSWAP: &str = "/sys/module/zswap/parameters";
+pub(super) const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+
+/// The machine changes a kernel run makes, undone on drop in reverse order.
+#[derive(Debug, Default)]
+pub(super) struct KernelSetup {
+    pub(super) swapfile: Option<PathBuf>,
+    pub(super) swap_on: bool,
+    pub(super) zswap_saved: Vec<(String, String)>,
+    pub(super) cgroup: Option<PathBuf>,
+    pub(super) mounted_debugfs: bool,
+}
+
+pub(super) fn write_param(path: &str, v: &str) -> Result<()> {
+    std::fs::write(path, v).with_context(|| format!("write `{v}` to {path}"))
+}
+
+pub(super) fn sh(cmd: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("run {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+impl KernelSetup {
+    pub(super) fn new(zswap: Option<&str>, limit: usize, swap_bytes: usize, dir: &Path) -> Result<KernelSetup> {
+        if !rustix::process::geteuid().is_root() {
+            bail!("kernel and swap runs need root (swapon, zswap parameters, a memory cgroup)");
+        }
+        if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
+            bail!("no cgroup v1 memory controller at {CGROUP_V1}");
+        }
+        if zswap.is_some() && !Path::new(ZSWAP).exists() {
+            bail!("this kernel has no zswap ({ZSWAP} is missing)");
+        }
+        let mut k = KernelSetup::default();
+        // Save every zswap parameter before touching one.
+        for name in ["enabled", "compressor", "max_pool_percent", "accept_threshold_percent", "shrinker_enabled"] {
+            let p = format!("{ZSWAP}/{name}");
+            if let Ok(v) = std::fs::read_to_string(&p) {
+                k.zswap_saved.push((p, v.trim().to_string()));
+            }
+        }
+        let file = dir.join(format!("zmem-usemem-{}.swap", std::process::id()));
+        k.swapfile = Some(file.clone());
+        sh("fallocate", &["-l", &swap_bytes.to_string(), &file.to_string_lossy()])?;
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        sh("mkswap", &[&file.to_string_lossy()])?;
+        sh("swapon", &[&file.to_string_lossy()]).context("no swap support here")?;
+        k.swap_on = true;
+        match zswap {
+            Some(c) => {
+                write_param(&format!("{ZSWAP}/compressor"), c)
+                    .with_context(|| format!("the kernel has no `{c}` for zswap (lzo, lzo-rle, deflate)"))?;
+                write_param(&format!("{ZSWAP}/enabled"), "Y")?;
+            }
+            None => write_param(&format!("{ZSWAP}/enabled"), "N").or_else(|e| {
+                if Path::new(ZSWAP).exists() {
+                    Err(e)
+                } else {
+                    Ok(())
+                }
+            })?,
+        }
+        if !Path::new("/sys/kernel/debug/zswap").exists() && zswap.is_some() {
+            k.mounted_debugfs = sh("mount", &["-t", "debugfs", "none", "/sys/kernel/debug"]).is_ok();
+        }
+        let cg = Path::new(CGROUP_V1).join(format!("zmem-usemem-{}", std::process::id()));
+        std::fs::create_dir(&cg).with_context(|| format!("mkdir {}", cg.display()))?;
+        k.cgroup = Some(cg.clone());
+        std::fs::write(cg.join("memory.limit_in_bytes"), limit.to_string()).context("set memory.limit_in_bytes")?;
+        Ok(k)
+    }
+
+    pub(super) fn cgroup_procs(&self) -> Option<PathBuf> {
+        self.cgroup.as_ref().map(|c| c.join("cgroup.procs"))
+    }
+}
+
+impl Drop for KernelSetup {
+    fn drop(&mut self) {
+        let warn = |what: String| eprintln!("zmem usemem: restoring: {what}");
+        if let Some(cg) = self.cgroup.take() {
+            // The workers have exited; their pages may still be charged for
+            // a moment.
+            let mut ok = false;
+            for _ in 0..100 {
+                if std::fs::remove_dir(&cg).is_ok() {
+                    ok = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !ok {
+                warn(format!("could not remove {}", cg.display()));
+            }
+        }
+        if self.swap_on {
+            if let Some(f) = &self.swapfile {
+                if let Err(e) = sh("swapoff", &[&f.to_string_lossy()]) {
+                    warn(format!("{e:#}"));
+                }
+            }
+        }
+        if let Some(f) = self.swapfile.take() {
+            let _ = std::fs::remove_file(&f);
+        }
+        // Compressor before enabled, as they were saved.
+        for (p, v) in self.zswap_saved.drain(..) {
+            if std::fs::read_to_string(&p).is_ok_and(|cur| cur.trim() != v) {
+                if let Err(e) = std::fs::write(&p, &v) {
+                    warn(format!("{p} back to {v}: {e}"));
+                }
+            }
+        }
+        if self.mounted_debugfs {
+            let _ = sh("umount", &["/sys/kernel/debug"]);
+        }
+    }
+}
+
+pub(super) fn vmstat(name: &str) -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+pub(super) fn kernel_rejects() -> u64 {
+    [
+        "reject_alloc_fail",
+        "reject_compress_fail",
+        "reject_compress_poor",
+        "reject_kmemcache_fail",
+        "reject_reclaim_fail",
+    ]
+    .iter()
+    .map(|n| debugfs_zswap(n))
+    .sum()
+}
+
+pub(super) fn debugfs_zswap(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/kernel/debug/zswap/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,88 @@
+//! What every zmem crate shares: the page size, the one table of defaults,
+//! and poison-tolerant locking.
+#![forbid(unsafe_code)]
+
+use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The size of one page of user memory (x86-64).
+pub const PAGE_SIZE: usize = 4096;
+
+/// The defaults, in one place: the library configs, `zmem run`'s settings
+/// and the CLI's flags all take them from here.
+pub mod defaults {
+    /// The managed memory's limit under `zmem run`.
+    pub const LIMIT: usize = 1 << 30;
+    /// The pool's share of the limit, percent (zswap's `max_pool_percent`).
+    pub const MAX_POOL_PERCENT: u32 = 20;
+    /// After the pool limit is hit, stores resume below this percent of it.
+    pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
+    /// The eviction unit.
+    pub const FOLIO_SIZE: usize = 64 << 10;
+    /// Reclaim starts above this percent of the limit, and stops below the low one.
+    pub const HIGH_WATERMARK_PERCENT: u32 = 95;
+    pub const LOW_WATERMARK_PERCENT: u32 = 85;
+    /// Folios per reclaim pass.
+    pub const RECLAIM_BATCH: usize = 8;
+    /// Mappings and allocations this large or larger are managed by `zmem run`.
+    pub const THRESHOLD: usize = 1 << 20;
+    /// Where `zmem run` puts its swap file: a disk directory.
+    pub const SWAPFILE_DIR: &str = "/var/tmp";
+    /// The codec.
+    pub const COMPRESSOR: &str = "lz4";
+}
+
+/// Locks that shrug off poisoning: a thread that panicked while holding a
+/// zmem lock has already reported itself, and the data the lock guards is
+/// kept consistent step by step, so the others go on.
+pub trait LockExt<T: ?Sized> {
+    fn lock_ok(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T: ?Sized> LockExt<T> for Mutex<T> {
+    fn lock_ok(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// [`LockExt`] for `RwLock`.
+pub trait RwLockExt<T: ?Sized> {
+    fn read_ok(&self) -> RwLockReadGuard<'_, T>;
+    fn write_ok(&self) -> RwLockWriteGuard<'_, T>;
+}
+
+impl<T: ?Sized> RwLockExt<T> for RwLock<T> {
+    fn read_ok(&self) -> RwLockReadGuard<'_, T> {
+        self.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_ok(&self) -> RwLockWriteGuard<'_, T> {
+        self.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The value of a lock result, poisoned or not (condvar waits).
+pub fn unpoison<T>(r: LockResult<T>) -> T {
+    r.unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_lock_still_opens() {
+        let m = std::sync::Arc::new(Mutex::new(1));
+        let m2 = std::sync::Arc::clone(&m);
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        *m.lock_ok() += 1;
+        assert_eq!(*m.lock_ok(), 2);
+        let rw = RwLock::new(5);
+        *rw.write_ok() += 1;
+        assert_eq!(*rw.read_ok(), 6);
+    }
+}

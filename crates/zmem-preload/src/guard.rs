@@ -1,0 +1,40 @@
+//! Reentrancy and unwinding: zmem's own code never manages its own memory,
+//! and no panic crosses the C ABI.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use crate::init::BROKEN;
+
+thread_local! {
+    /// Set while this thread runs shim code, and for good on zmem's threads.
+    static IN_ZMEM: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(crate) fn in_zmem() -> bool {
+    IN_ZMEM.with(Cell::get)
+}
+
+/// Marks the calling thread as zmem's own: its allocations are never managed.
+pub fn mark_internal_thread() {
+    IN_ZMEM.with(|c| c.set(true));
+}
+
+/// Runs `f` with the reentrancy flag set, catching any panic: nothing may
+/// unwind across the C ABI (that aborts the program). After a panic the
+/// shim takes no new memory (`BROKEN`) and `None` is returned; what it
+/// already manages stays served.
+pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
+    let was = IN_ZMEM.with(|c| c.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    IN_ZMEM.with(|c| c.set(was));
+    match r {
+        Ok(r) => Some(r),
+        Err(_) => {
+            if !BROKEN.swap(true, Ordering::Relaxed) {
+                eprintln!("zmem: internal error (a panic, reported above); the shim takes no new memory");
+            }
+            None
+        }
+    }
+}

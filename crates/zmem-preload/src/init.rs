@@ -1,0 +1,141 @@
+//! The shim's state, started on first use from the `ZMEM_*` environment.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{OnceLock, RwLock};
+use zmem_common::RwLockExt;
+
+use zmem_uffd::{Pager, Region, Settings};
+
+use crate::guard::{guarded, in_zmem, mark_internal_thread};
+use crate::stats::stats_main;
+
+/// A managed mapping.
+pub(crate) struct Managed {
+    pub(crate) region: Region,
+    /// Bytes the program asked for (what `malloc_usable_size` reports).
+    pub(crate) len: usize,
+    /// Bytes the program has unmapped (partial munmaps).
+    pub(crate) unmapped: usize,
+}
+
+pub(crate) struct Shim {
+    pub(crate) pager: Pager,
+    pub(crate) settings: Settings,
+    pub(crate) regions: RwLock<BTreeMap<usize, Managed>>,
+}
+
+pub(crate) static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
+/// Managed mappings alive: `free` looks up only while there are some.
+pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// In a forked child: everything passes through.
+pub(crate) static CHILD: AtomicBool = AtomicBool::new(false);
+/// The shim panicked once: it manages no new memory.
+pub(crate) static BROKEN: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    CHILD.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn shim() -> Option<&'static Shim> {
+    if CHILD.load(Ordering::Relaxed) {
+        return None;
+    }
+    SHIM.get_or_init(|| guarded(init).flatten()).as_ref()
+}
+
+pub(crate) fn init() -> Option<Shim> {
+    let settings = match Settings::from_env() {
+        Ok(s) if s.disable => return None,
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("zmem: bad setting, the shim is off: {e}");
+            return None;
+        }
+    };
+    let mut cfg = settings.pager_config();
+    cfg.thread_init = Some(mark_internal_thread);
+    let pager = match Pager::new(cfg) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("zmem: cannot start the pager, the shim is off: {e}");
+            return None;
+        }
+    };
+    // SAFETY: registers a plain function with no arguments; it only stores
+    // to an atomic, which is async-signal-safe as a forked child requires.
+    let r = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    if r != 0 {
+        eprintln!("zmem: pthread_atfork failed ({r}); a forked child may misbehave");
+    }
+    let stats_dir = settings.stats_dir.clone();
+    let interval = settings.stats_interval;
+    let spawned = std::thread::Builder::new().name("zmem-stats".into()).spawn(move || {
+        mark_internal_thread();
+        stats_main(&stats_dir, interval);
+    });
+    if let Err(e) = spawned {
+        eprintln!("zmem: no stats thread: {e}");
+    }
+    Some(Shim { pager, settings, regions: RwLock::new(BTreeMap::new()) })
+}
+
+/// Maps `len` bytes of managed memory, or `None` (the caller falls back).
+pub(crate) fn managed_alloc(len: usize) -> Option<*mut c_void> {
+    let s = shim()?;
+    guarded(|| {
+        let region = s.pager.map(len).map_err(|e| eprintln!("zmem: a managed mapping failed: {e}")).ok()?;
+        let addr = region.addr() as usize;
+        s.regions.write_ok().insert(addr, Managed { region, len, unmapped: 0 });
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        Some(addr as *mut c_void)
+    })
+    .flatten()
+}
+
+/// The managed mapping that contains `addr`: (start, region length, asked length).
+///
+/// zmem's own code never holds managed memory, so inside the shim (where
+/// the table lock may be held: a BTreeMap node freed under it) every
+/// pointer is glibc's.
+pub(crate) fn lookup(addr: usize) -> Option<(usize, usize, usize)> {
+    if in_zmem() || LIVE.load(Ordering::Relaxed) == 0 || CHILD.load(Ordering::Relaxed) {
+        return None;
+    }
+    let s = SHIM.get()?.as_ref()?;
+    guarded(|| {
+        let regions = s.regions.read_ok();
+        let (&start, m) = regions.range(..=addr).next_back()?;
+        (addr < start + m.region.len()).then_some((start, m.region.len(), m.len))
+    })
+    .flatten()
+}
+
+/// Drops the managed mapping at `start`.
+pub(crate) fn managed_free(start: usize) {
+    let Some(s) = SHIM.get().and_then(Option::as_ref) else { return };
+    guarded(|| {
+        let m = s.regions.write_ok().remove(&start);
+        if m.is_some() {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(m); // unmaps and frees its entries, outside the table lock
+    });
+}
+
+pub(crate) fn wants(len: usize) -> bool {
+    !in_zmem() && !CHILD.load(Ordering::Relaxed) && !BROKEN.load(Ordering::Relaxed) && len >= threshold()
+}
+
+pub(crate) fn threshold() -> usize {
+    // Before the shim is up, the default; the first large request starts it.
+    SHIM.get().map_or(Settings::DEFAULT_THRESHOLD, |s| s.as_ref().map_or(usize::MAX, |s| s.settings.threshold))
+}
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location has no preconditions.
+    let slot = unsafe { libc::__errno_location() };
+    // SAFETY: it returns this thread's errno slot, valid and aligned.
+    unsafe { *slot = e };
+}

@@ -1,0 +1,188 @@
+//! The malloc family: requests of `ZMEM_THRESHOLD` or more are managed;
+//! everything else goes to glibc (`__libc_*`).
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use zmem_common::RwLockExt;
+
+use crate::guard::guarded;
+use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, CHILD, SHIM};
+use crate::PAGE;
+
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut c_void;
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    if wants(size) {
+        if let Some(p) = managed_alloc(size) {
+            return p;
+        }
+    }
+    // SAFETY: glibc's malloc, with the caller's argument.
+    unsafe { __libc_malloc(size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    if wants(total) {
+        // A fresh region reads as zeros.
+        if let Some(p) = managed_alloc(total) {
+            return p;
+        }
+    }
+    // SAFETY: glibc's calloc, with the caller's arguments.
+    unsafe { __libc_calloc(n, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    let a = p as usize;
+    if a % PAGE == 0 && a != 0 {
+        if let Some((start, _, _)) = lookup(a) {
+            if start == a {
+                managed_free(start);
+            }
+            return;
+        }
+        if CHILD.load(Ordering::Relaxed) && is_parent_region(a) {
+            return; // the parent's region: not in this process
+        }
+    }
+    // SAFETY: not ours, so glibc's (the caller's contract).
+    unsafe { __libc_free(p) }
+}
+
+/// In a forked child: whether `a` was a managed mapping of the parent.
+pub(crate) fn is_parent_region(a: usize) -> bool {
+    let Some(Some(s)) = SHIM.get() else { return false };
+    s.regions.try_read().is_ok_and(|r| r.contains_key(&a))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: realloc(NULL, n) is malloc(n).
+        return unsafe { malloc(size) };
+    }
+    let a = p as usize;
+    let ours = if a % PAGE == 0 { lookup(a).filter(|&(s, _, _)| s == a) } else { None };
+    if let Some((start, cap, len)) = ours {
+        if size <= cap && size >= threshold() / 2 {
+            // Fits: keep it (a shrink leaves the tail mapped).
+            if let Some(s) = SHIM.get().and_then(Option::as_ref) {
+                guarded(|| {
+                    if let Some(m) = s.regions.write_ok().get_mut(&start) {
+                        m.len = size;
+                    }
+                });
+            }
+            return p;
+        }
+        // SAFETY: malloc with the caller's size.
+        let q = unsafe { malloc(size) };
+        if !q.is_null() {
+            // SAFETY: p is ours with len bytes, q has at least size bytes,
+            // and they are distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), len.min(size)) };
+            managed_free(start);
+        }
+        return q;
+    }
+    if wants(size) {
+        // SAFETY: p is glibc's (not ours).
+        let old = unsafe { glibc_usable_size(p) };
+        if let Some(q) = managed_alloc(size) {
+            // SAFETY: p holds old readable bytes, q size writable ones,
+            // distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), old.min(size)) };
+            // SAFETY: p is glibc's, freed once.
+            unsafe { __libc_free(p) };
+            return q;
+        }
+    }
+    // SAFETY: p is glibc's (the caller's contract).
+    unsafe { __libc_realloc(p, size) }
+}
+
+pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
+    // Regions are folio-aligned.
+    let folio = SHIM.get().and_then(Option::as_ref).map_or(64 << 10, |s| s.settings.folio);
+    if align <= folio && wants(size) {
+        if let Some(p) = managed_alloc(size) {
+            return p;
+        }
+    }
+    // SAFETY: glibc's memalign with the caller's arguments.
+    unsafe { __libc_memalign(align, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+        return libc::EINVAL;
+    }
+    let p = aligned(align, size);
+    if p.is_null() && size != 0 {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a valid out pointer.
+    unsafe { *out = p };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    aligned(align, size)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    aligned(align, size)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    aligned(PAGE, size)
+}
+
+pub(crate) type UsableSize = unsafe extern "C" fn(*mut c_void) -> usize;
+
+/// glibc's malloc_usable_size (looked up once; dlsym may allocate, which
+/// the reentrancy flag passes through).
+pub(crate) unsafe fn glibc_usable_size(p: *mut c_void) -> usize {
+    static NEXT: OnceLock<Option<UsableSize>> = OnceLock::new();
+    let f = NEXT.get_or_init(|| {
+        guarded(|| {
+            // SAFETY: a symbol lookup by a NUL-terminated name.
+            let sym = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+            // SAFETY: glibc's malloc_usable_size has this signature.
+            (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, UsableSize>(sym) })
+        })
+        .flatten()
+    });
+    // SAFETY: p is glibc's (the caller's contract).
+    f.map_or(0, |f| unsafe { f(p) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if let Some((start, _, len)) = lookup(p as usize) {
+        return len - (p as usize - start).min(len);
+    }
+    // SAFETY: not ours, so glibc's.
+    unsafe { glibc_usable_size(p) }
+}

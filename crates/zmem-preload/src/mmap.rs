@@ -1,0 +1,151 @@
+//! mmap, munmap, mremap and madvise: anonymous private RW mappings of
+//! `ZMEM_THRESHOLD` or more are managed; the rest go to the kernel.
+
+use std::ffi::{c_int, c_void};
+use zmem_common::RwLockExt;
+
+use crate::guard::guarded;
+use crate::init::{lookup, managed_alloc, managed_free, set_errno, wants, SHIM};
+use crate::PAGE;
+
+pub(crate) fn raw_mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: the mmap syscall with the caller's arguments; what it maps is
+    // the caller's business, as it would be with glibc's mmap.
+    let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) };
+    r as *mut c_void
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    let anon_private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let plain = flags & !libc::MAP_NORESERVE == anon_private;
+    if addr.is_null() && plain && prot == libc::PROT_READ | libc::PROT_WRITE && fd == -1 && wants(len) {
+        if let Some(p) = managed_alloc(len) {
+            return p;
+        }
+    }
+    raw_mmap(addr, len, prot, flags, fd, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    // SAFETY: the same function under its LFS name.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    let a = addr as usize;
+    if let Some((start, cap, _)) = lookup(a) {
+        let end = (a + len).min(start + cap);
+        if a == start && end == start + cap {
+            managed_free(start);
+            return 0;
+        }
+        // Part of it: drop the pages (the pager frees their entries) and
+        // fence the range; the addresses return with the whole mapping.
+        let (pa, plen) = (a & !(PAGE - 1), end.saturating_sub(a & !(PAGE - 1)).div_ceil(PAGE) * PAGE);
+        // SAFETY: [pa, pa + plen) lies in our managed mapping, which the
+        // program gave up: dropping and fencing it is what munmap promises.
+        unsafe {
+            libc::syscall(libc::SYS_madvise, pa, plen, libc::MADV_DONTNEED);
+        }
+        // SAFETY: as above.
+        unsafe {
+            libc::syscall(libc::SYS_mprotect, pa, plen, libc::PROT_NONE);
+        }
+        let whole = SHIM.get().and_then(Option::as_ref).is_some_and(|s| {
+            guarded(|| {
+                let mut r = s.regions.write_ok();
+                r.get_mut(&start).is_some_and(|m| {
+                    m.unmapped += plen;
+                    m.unmapped >= cap
+                })
+            })
+            .unwrap_or(false)
+        });
+        if whole {
+            managed_free(start);
+        }
+        return 0;
+    }
+    // SAFETY: not ours: the kernel's munmap with the caller's arguments.
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+}
+
+/// `mremap`, which C declares variadic (`new_address` is read only with
+/// MREMAP_FIXED). On x86-64 a variadic callee reads its arguments from the
+/// same registers as a fixed one, so the fifth is declared outright.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let a = old as usize;
+    if let Some((start, cap, len)) = lookup(a) {
+        if a != start || flags & libc::MREMAP_FIXED != 0 {
+            set_errno(libc::EINVAL);
+            return libc::MAP_FAILED;
+        }
+        if new_len <= cap {
+            if let Some(s) = SHIM.get().and_then(Option::as_ref) {
+                guarded(|| {
+                    if let Some(m) = s.regions.write_ok().get_mut(&start) {
+                        m.len = new_len;
+                    }
+                });
+            }
+            return old;
+        }
+        if flags & libc::MREMAP_MAYMOVE == 0 {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        }
+        let Some(q) = managed_alloc(new_len) else {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        };
+        // SAFETY: both are managed mappings, distinct, with len and new_len
+        // bytes.
+        unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), q.cast::<u8>(), len.min(old_len).min(new_len)) };
+        managed_free(start);
+        return q;
+    }
+    // SAFETY: not ours: the kernel's mremap with the caller's arguments.
+    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // MADV_FREE raises no event: on managed memory it becomes DONTNEED, so
+    // the pager drops the range's entries (and the pages read as zeros, as
+    // MADV_FREE allows).
+    let advice =
+        if advice == libc::MADV_FREE && lookup(addr as usize).is_some() { libc::MADV_DONTNEED } else { advice };
+    // SAFETY: the kernel's madvise with the caller's arguments.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int }
+}

@@ -1,0 +1,77 @@
+//! The stats file `DIR/zmem-PID.json`, and the JSON `zmem_stats_json` returns.
+
+use std::sync::atomic::Ordering;
+
+use crate::init::{Shim, CHILD, LIVE, SHIM};
+use crate::PAGE;
+
+/// (written to a temporary name and renamed, so readers see whole files).
+/// The stats file: `DIR/zmem-PID.json`, rewritten every `interval`
+pub(crate) fn stats_main(dir: &std::path::Path, interval: std::time::Duration) {
+    let pid = std::process::id();
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("zmem: no stats directory {}: {e}", dir.display());
+        return;
+    }
+    let path = dir.join(format!("zmem-{pid}.json"));
+    let tmp = dir.join(format!(".zmem-{pid}.json.tmp"));
+    loop {
+        if CHILD.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(s) = SHIM.get().and_then(Option::as_ref) {
+            let json = stats_json(s);
+            if std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path)).is_err() {
+                return;
+            }
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+pub(crate) fn stats_json(s: &Shim) -> String {
+    let p = s.pager.stats();
+    let t = s.pager.tier().stats();
+    let tier: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap_or(serde_json::Value::Null);
+    // The footprint as the OS sees it: RSS (the program's pages, the pool,
+    // zmem's metadata) plus the swap file's pages in the page cache.
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * PAGE as u64);
+    let cached = s.pager.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
+    serde_json::json!({
+        "pid": std::process::id(),
+        "footprint": {
+            "rss_bytes": rss,
+            "swap_page_cache_bytes": cached,
+            "footprint_bytes": rss + cached,
+            "limit": s.settings.limit,
+        },
+        "updated_unix_ms": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        "limit": s.settings.limit,
+        "compressor": s.pager.tier().compressor(),
+        "managed_mappings": LIVE.load(Ordering::Relaxed),
+        "pager": {
+            "usage_bytes": p.usage_bytes,
+            "resident_bytes": p.resident_bytes,
+            "metadata_bytes": p.metadata_bytes,
+            "zero_faults": p.zero_faults,
+            "load_faults": p.load_faults,
+            "evicted_folios": p.evicted_folios,
+            "eviction_rejects": p.eviction_rejects,
+            "eviction_waits": p.eviction_waits,
+            "direct_reclaim_waits": p.direct_reclaim_waits,
+            "limit_soft_events": p.limit_soft_events,
+            "limit_soft": p.limit_soft,
+            "unevictable_folios": p.unevictable_folios,
+            "held_bytes": p.held_bytes,
+            "poisoned_pages": p.poisoned_pages,
+            "tracking_writes": p.tracking_writes,
+        },
+        "tier": tier,
+    })
+    .to_string()
+}
