@@ -6,6 +6,7 @@
 //! - [`size_class`]: the class table (sizes, zspage shapes, merging, huge).
 //! - [`handle`]: opaque handles that survive compaction.
 //! - [`pool`]: [`ZsPool`]: malloc, free, map, compact, statistics.
+//! - `zspage`: zspages, their slots and free stacks, fullness groups.
 
 pub mod assert;
 pub mod handle;
@@ -13,6 +14,7 @@ pub mod mempool;
 pub mod pool;
 pub mod size_class;
 mod sync;
+mod zspage;
 
 pub use handle::Handle;
 pub use mempool::{BulkAlloc, Mempool, MempoolConfig, MempoolError, MempoolStats, Page, PAGE_SIZE};

@@ -31,10 +31,11 @@ use zmem_common::LockExt;
 
 use thiserror::Error;
 
-use crate::handle::{Handle, HandleTable, Location, Lookup, Slot, MAX_OBJS_PER_ZSPAGE, MAX_ZSPAGES_PER_CLASS};
+use crate::handle::{Handle, HandleTable, Location, Lookup, Slot, MAX_OBJS_PER_ZSPAGE};
 use crate::mempool::{Mempool, Page, PAGE_SIZE};
 use crate::size_class::{ClassShape, ClassTable, DEFAULT_CHAIN_SIZE, MAX_CHAIN_SIZE};
 use crate::strict_assert;
+use crate::zspage::{ClassInner, ObjMeta, ZsPage};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
@@ -89,163 +90,6 @@ pub struct ClassStats {
     pub pages_used: usize,
     /// Bytes the live objects asked for.
     pub bytes_stored: usize,
-}
-
-const FULL: usize = 10;
-const NGROUPS: usize = FULL + 1;
-
-#[derive(Debug, Clone, Copy)]
-struct ObjMeta {
-    /// Handle index of the object in this slot.
-    handle: u32,
-    /// Its size; 0 when the slot is free.
-    size: u16,
-}
-
-#[derive(Debug)]
-struct ZsPage {
-    pages: Vec<Page>,
-    objs: Vec<ObjMeta>,
-    free: Vec<u16>,
-    inuse: usize,
-    group: usize,
-    /// Position in `groups[group]`.
-    pos: usize,
-}
-
-impl ZsPage {
-    /// Copies slot `obj` (`len` bytes at `obj * size`) into `out`.
-    fn read(&self, size: usize, obj: usize, out: &mut [u8]) {
-        let off = obj * size;
-        let (p, o) = (off / PAGE_SIZE, off % PAGE_SIZE);
-        let first = out.len().min(PAGE_SIZE - o);
-        out[..first].copy_from_slice(&self.pages[p].as_slice()[o..o + first]);
-        if first < out.len() {
-            let rest = out.len() - first;
-            out[first..].copy_from_slice(&self.pages[p + 1].as_slice()[..rest]);
-        }
-    }
-
-    fn write(&mut self, size: usize, obj: usize, data: &[u8]) {
-        let off = obj * size;
-        let (p, o) = (off / PAGE_SIZE, off % PAGE_SIZE);
-        let first = data.len().min(PAGE_SIZE - o);
-        self.pages[p].as_mut_slice()[o..o + first].copy_from_slice(&data[..first]);
-        if first < data.len() {
-            self.pages[p + 1].as_mut_slice()[..data.len() - first].copy_from_slice(&data[first..]);
-        }
-    }
-
-    /// The object's bytes in place, when it does not straddle a page.
-    fn contiguous(&self, size: usize, obj: usize, len: usize) -> Option<&[u8]> {
-        let off = obj * size;
-        let (p, o) = (off / PAGE_SIZE, off % PAGE_SIZE);
-        (o + len <= PAGE_SIZE).then(|| &self.pages[p].as_slice()[o..o + len])
-    }
-
-    fn contiguous_mut(&mut self, size: usize, obj: usize, len: usize) -> Option<&mut [u8]> {
-        let off = obj * size;
-        let (p, o) = (off / PAGE_SIZE, off % PAGE_SIZE);
-        (o + len <= PAGE_SIZE).then(|| &mut self.pages[p].as_mut_slice()[o..o + len])
-    }
-}
-
-#[derive(Debug, Default)]
-struct ClassInner {
-    zspages: Vec<Option<ZsPage>>,
-    free_ids: Vec<u32>,
-    groups: [Vec<u32>; NGROUPS],
-    /// Freed handle indices, reused by this class's next mallocs.
-    free_handles: Vec<u32>,
-    inuse: usize,
-    nr_zspages: usize,
-    bytes_stored: usize,
-}
-
-impl ClassInner {
-    fn zspage(&self, id: u32) -> &ZsPage {
-        self.zspages[id as usize].as_ref().expect("zspage id in use")
-    }
-
-    fn zspage_mut(&mut self, id: u32) -> &mut ZsPage {
-        self.zspages[id as usize].as_mut().expect("zspage id in use")
-    }
-
-    fn group_of(inuse: usize, objs: usize) -> usize {
-        if inuse >= objs {
-            FULL
-        } else {
-            1 + inuse * (FULL - 1) / objs
-        }
-    }
-
-    fn unlink(&mut self, id: u32) {
-        let (g, pos) = {
-            let z = self.zspage(id);
-            (z.group, z.pos)
-        };
-        self.groups[g].swap_remove(pos);
-        if let Some(&moved) = self.groups[g].get(pos) {
-            self.zspage_mut(moved).pos = pos;
-        }
-    }
-
-    fn link(&mut self, id: u32, objs: usize) {
-        let g = Self::group_of(self.zspage(id).inuse, objs);
-        let pos = self.groups[g].len();
-        self.groups[g].push(id);
-        let z = self.zspage_mut(id);
-        z.group = g;
-        z.pos = pos;
-    }
-
-    /// Re-files a zspage after its use count changed.
-    fn refile(&mut self, id: u32, objs: usize) {
-        if Self::group_of(self.zspage(id).inuse, objs) != self.zspage(id).group {
-            self.unlink(id);
-            self.link(id, objs);
-        }
-    }
-
-    /// The fullest zspage with a free slot.
-    fn fullest_with_room(&self) -> Option<u32> {
-        (1..FULL).rev().find_map(|g| self.groups[g].last().copied())
-    }
-
-    /// The emptiest zspage.
-    fn emptiest(&self) -> Option<u32> {
-        (1..=FULL).find_map(|g| self.groups[g].last().copied())
-    }
-
-    fn insert(&mut self, z: ZsPage, objs: usize) -> Option<u32> {
-        let id = match self.free_ids.pop() {
-            Some(id) => {
-                self.zspages[id as usize] = Some(z);
-                id
-            }
-            None => {
-                let id = self.zspages.len() as u32;
-                if id >= MAX_ZSPAGES_PER_CLASS {
-                    return None;
-                }
-                self.zspages.push(Some(z));
-                id
-            }
-        };
-        self.nr_zspages += 1;
-        self.link(id, objs);
-        Some(id)
-    }
-
-    /// Removes an empty zspage, returning its pages.
-    fn remove(&mut self, id: u32) -> Vec<Page> {
-        self.unlink(id);
-        let z = self.zspages[id as usize].take().expect("zspage id in use");
-        debug_assert_eq!(z.inuse, 0);
-        self.free_ids.push(id);
-        self.nr_zspages -= 1;
-        z.pages
-    }
 }
 
 #[derive(Debug)]

@@ -25,7 +25,7 @@
 //! The whole device is safe Rust: descriptors carry an `Arc` of the batch, and
 //! each item sits behind its own (uncontended) mutex.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -37,139 +37,14 @@ use crate::batch::{check_shape, Batch, BatchItem, CtxPool, Factory, ItemError, O
 use crate::codec::Compressor;
 use crate::{BatchCompressor, CompressError, DecompressError, Error};
 
+mod config;
+mod stats;
+
+pub use config::{EnginesConfig, WqMode};
+use stats::Counters;
+pub use stats::EngineStats;
+
 /// How a submitting thread's descriptors are mapped onto engines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WqMode {
-    /// All of a batch goes to the engine of the submitting core (IAA's
-    /// per-CPU work-queue mapping): parallelism comes from many submitters.
-    PerCpu,
-    /// Descriptors are spread round-robin over all engines, so one batch
-    /// runs on all of them at once.
-    Global,
-}
-
-impl std::str::FromStr for WqMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "per-cpu" | "percpu" => Ok(WqMode::PerCpu),
-            "global" => Ok(WqMode::Global),
-            _ => Err(Error::Config(format!("unknown wq_mode {s:?}; valid modes are: per-cpu, global"))),
-        }
-    }
-}
-
-impl std::fmt::Display for WqMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            WqMode::PerCpu => "per-cpu",
-            WqMode::Global => "global",
-        })
-    }
-}
-
-/// Settings of the device.
-#[derive(Debug, Clone)]
-pub struct EnginesConfig {
-    /// Number of engines; default: the number of cores.
-    pub engines: usize,
-    /// Descriptors each engine's work queue holds.
-    pub wq_depth: usize,
-    pub wq_mode: WqMode,
-    /// The longest wait for a free descriptor before the software path runs
-    /// the item.
-    pub submit_timeout: Duration,
-    /// How long `wait` waits for engines before running the remaining items
-    /// itself.
-    pub completion_timeout: Duration,
-    /// Decompress every compressed output and compare it with its input.
-    pub verify_compress: bool,
-    /// The most items one call takes (1..=32).
-    pub batch_size: usize,
-    /// Pin engine k to core k mod ncores.
-    pub pin: bool,
-    /// While waiting, the waiter runs items that no engine has started yet
-    /// (it is a CPU too). Off, it only spins and sleeps, as a thread waiting
-    /// on a hardware device would.
-    pub help_on_wait: bool,
-    /// How long an idle engine polls its queue before sleeping. A cross-core
-    /// wake-up costs 20-65 µs on this class of VM, more than a batch takes.
-    pub idle_spin: Duration,
-}
-
-impl Default for EnginesConfig {
-    fn default() -> Self {
-        EnginesConfig {
-            engines: thread::available_parallelism().map_or(1, |n| n.get()),
-            wq_depth: 64,
-            wq_mode: WqMode::Global,
-            submit_timeout: Duration::from_micros(100),
-            completion_timeout: Duration::from_millis(50),
-            verify_compress: false,
-            batch_size: crate::batch::DEFAULT_BATCH_SIZE,
-            pin: true,
-            help_on_wait: true,
-            idle_spin: Duration::from_micros(50),
-        }
-    }
-}
-
-/// Counters of one engine. The software-path counters are charged to the
-/// engine the item was meant for.
-#[derive(Debug, Default)]
-struct Counters {
-    compress_calls: AtomicU64,
-    decompress_calls: AtomicU64,
-    completion_timeouts: AtomicU64,
-    sw_fallback_calls: AtomicU64,
-    poor_outputs: AtomicU64,
-    verify_failures: AtomicU64,
-    helped_calls: AtomicU64,
-}
-
-/// A snapshot of one engine's counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct EngineStats {
-    pub compress_calls: u64,
-    pub decompress_calls: u64,
-    pub completion_timeouts: u64,
-    pub sw_fallback_calls: u64,
-    pub poor_outputs: u64,
-    pub verify_failures: u64,
-    /// Items of this engine's queue that the waiting thread ran itself.
-    pub helped_calls: u64,
-}
-
-impl EngineStats {
-    /// Field-wise sum, for a device-wide total.
-    pub fn sum<'a>(all: impl IntoIterator<Item = &'a EngineStats>) -> EngineStats {
-        all.into_iter().fold(EngineStats::default(), |a, s| EngineStats {
-            compress_calls: a.compress_calls + s.compress_calls,
-            decompress_calls: a.decompress_calls + s.decompress_calls,
-            completion_timeouts: a.completion_timeouts + s.completion_timeouts,
-            sw_fallback_calls: a.sw_fallback_calls + s.sw_fallback_calls,
-            poor_outputs: a.poor_outputs + s.poor_outputs,
-            verify_failures: a.verify_failures + s.verify_failures,
-            helped_calls: a.helped_calls + s.helped_calls,
-        })
-    }
-}
-
-impl Counters {
-    fn snapshot(&self) -> EngineStats {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        EngineStats {
-            compress_calls: r(&self.compress_calls),
-            decompress_calls: r(&self.decompress_calls),
-            completion_timeouts: r(&self.completion_timeouts),
-            sw_fallback_calls: r(&self.sw_fallback_calls),
-            poor_outputs: r(&self.poor_outputs),
-            verify_failures: r(&self.verify_failures),
-            helped_calls: r(&self.helped_calls),
-        }
-    }
-}
-
 /// A batch in flight: its items, who claimed them, and who waits.
 #[derive(Debug)]
 pub(crate) struct Inflight {
