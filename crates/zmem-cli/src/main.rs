@@ -120,6 +120,7 @@ fn zstd_encode(data: &[u8]) -> Result<Vec<u8>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    zmem_common::init_stderr_logger();
     if let Cmd::Run(args) = &cli.cmd {
         return match run::run(args) {
             Ok(code) => code,

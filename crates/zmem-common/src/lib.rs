@@ -31,6 +31,37 @@ pub mod defaults {
     pub const COMPRESSOR: &str = "lz4";
 }
 
+/// Library code reports through the `log` facade; the binaries (the `zmem`
+/// command, the shim, test children that check stderr) install this: one
+/// line per record on stderr, `zmem: ` first. Warnings and errors by
+/// default; `ZMEM_LOG=info` or `debug` for more. A second call, or a
+/// program that already set a logger, changes nothing.
+pub fn init_stderr_logger() {
+    struct Stderr;
+    impl log::Log for Stderr {
+        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+            m.level() <= log::max_level()
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            if self.enabled(r.metadata()) {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr().lock(), "zmem: {}", r.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    static LOGGER: Stderr = Stderr;
+    if log::set_logger(&LOGGER).is_ok() {
+        let level = match std::env::var_os("ZMEM_LOG").as_ref().and_then(|v| v.to_str()) {
+            Some("debug") => log::LevelFilter::Debug,
+            Some("info") => log::LevelFilter::Info,
+            Some("error") => log::LevelFilter::Error,
+            _ => log::LevelFilter::Warn,
+        };
+        log::set_max_level(level);
+    }
+}
+
 /// Locks that shrug off poisoning: a thread that panicked while holding a
 /// zmem lock has already reported itself, and the data the lock guards is
 /// kept consistent step by step, so the others go on.

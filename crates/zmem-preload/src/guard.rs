@@ -32,7 +32,7 @@ pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
         Ok(r) => Some(r),
         Err(_) => {
             if !BROKEN.swap(true, Ordering::Relaxed) {
-                eprintln!("zmem: internal error (a panic, reported above); the shim takes no new memory");
+                log::error!("internal error (a panic, reported above); the shim takes no new memory");
             }
             None
         }

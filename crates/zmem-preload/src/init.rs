@@ -46,11 +46,12 @@ pub(crate) fn shim() -> Option<&'static Shim> {
 }
 
 pub(crate) fn init() -> Option<Shim> {
+    zmem_common::init_stderr_logger();
     let settings = match Settings::from_env() {
         Ok(s) if s.disable => return None,
         Ok(s) => s,
         Err(e) => {
-            eprintln!("zmem: bad setting, the shim is off: {e}");
+            log::warn!("bad setting, the shim is off: {e}");
             return None;
         }
     };
@@ -59,7 +60,7 @@ pub(crate) fn init() -> Option<Shim> {
     let pager = match Pager::new(cfg) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("zmem: cannot start the pager, the shim is off: {e}");
+            log::warn!("cannot start the pager, the shim is off: {e}");
             return None;
         }
     };
@@ -67,7 +68,7 @@ pub(crate) fn init() -> Option<Shim> {
     // to an atomic, which is async-signal-safe as a forked child requires.
     let r = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     if r != 0 {
-        eprintln!("zmem: pthread_atfork failed ({r}); a forked child may misbehave");
+        log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
     }
     let stats_dir = settings.stats_dir.clone();
     let interval = settings.stats_interval;
@@ -76,7 +77,7 @@ pub(crate) fn init() -> Option<Shim> {
         stats_main(&stats_dir, interval);
     });
     if let Err(e) = spawned {
-        eprintln!("zmem: no stats thread: {e}");
+        log::warn!("no stats thread: {e}");
     }
     Some(Shim { pager, settings, regions: RwLock::new(BTreeMap::new()) })
 }
@@ -85,7 +86,7 @@ pub(crate) fn init() -> Option<Shim> {
 pub(crate) fn managed_alloc(len: usize) -> Option<*mut c_void> {
     let s = shim()?;
     guarded(|| {
-        let region = s.pager.map(len).map_err(|e| eprintln!("zmem: a managed mapping failed: {e}")).ok()?;
+        let region = s.pager.map(len).map_err(|e| log::warn!("a managed mapping failed: {e}")).ok()?;
         let addr = region.addr() as usize;
         s.regions.write_ok().insert(addr, Managed { region, len, unmapped: 0 });
         LIVE.fetch_add(1, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use crate::PAGE;
 pub(crate) fn stats_main(dir: &std::path::Path, interval: std::time::Duration) {
     let pid = std::process::id();
     if let Err(e) = std::fs::create_dir_all(dir) {
-        eprintln!("zmem: no stats directory {}: {e}", dir.display());
+        log::warn!("no stats directory {}: {e}", dir.display());
         return;
     }
     let path = dir.join(format!("zmem-{pid}.json"));

@@ -208,7 +208,7 @@ impl SwapFile {
         let file = create_file(&cfg.dir).map_err(|source| SwapError::Create { dir: cfg.dir.clone(), source })?;
         let direct_io = set_direct(&file);
         if !direct_io {
-            eprintln!("zmem: {} does not take O_DIRECT; the swap file goes through the page cache", cfg.dir.display());
+            log::warn!("{} does not take O_DIRECT; the swap file goes through the page cache", cfg.dir.display());
         }
         let crypt = if cfg.encrypt { Some(Crypt::random().map_err(SwapError::Key)?) } else { None };
         let max_slots = (cfg.max_bytes / PAGE_SIZE as u64).min(u64::from(u32::MAX)) as u32;

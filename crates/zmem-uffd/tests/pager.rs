@@ -456,6 +456,7 @@ fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
         return;
     }
     let _wd = watchdog("poison-child", 60);
+    zmem_common::init_stderr_logger();
     let limit = 4 << 20;
     let mut cfg = PagerConfig::with_limit(limit);
     cfg.tier = TierConfig { max_pool_bytes: Some(1 << 20), memory_budget: limit, ..TierConfig::default() };

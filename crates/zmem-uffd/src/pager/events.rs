@@ -50,7 +50,7 @@ impl Inner {
                 st.start.store(to, Ordering::Release);
                 regions.insert(to, st);
             } else {
-                eprintln!("zmem: a partial mremap of a managed region is not supported; its entries are dropped");
+                log::warn!("a partial mremap of a managed region is not supported; its entries are dropped");
                 drop(regions);
                 let fs = self.cfg.folio_size;
                 for f in 0..st.len / fs {

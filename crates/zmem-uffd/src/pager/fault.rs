@@ -31,7 +31,7 @@ impl Inner {
             let mut set = rustix::thread::CpuSet::new();
             set.set(cpu);
             if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
-                eprintln!("zmem: pinning a handler to CPU {cpu} failed: {e}");
+                log::warn!("pinning a handler to CPU {cpu} failed: {e}");
             }
         }
         let mut bounce = vec![0u8; self.cfg.folio_size];
@@ -125,7 +125,7 @@ impl Inner {
                         Err(e) => {
                             // Never hand the program wrong data: the
                             // page is poisoned below (SIGBUS on touch).
-                            eprintln!("zmem: page {} of a region failed to load: {e}", f * ppf + i);
+                            log::error!("page {} of a region failed to load: {e}", f * ppf + i);
                             bad[i] = true;
                         }
                     }
@@ -174,7 +174,7 @@ impl Inner {
                 match self.uffd.poison(a, n) {
                     Err(UffdError::Again { .. }) => Served::Again,
                     Err(e) => {
-                        eprintln!("zmem: UFFDIO_POISON failed: {e}");
+                        log::warn!("UFFDIO_POISON failed: {e}");
                         Served::Done
                     }
                     Ok(_) => Served::Done,
@@ -204,7 +204,7 @@ impl Inner {
                 Ok(n) => off += n + PAGE_SIZE as u64,
                 Err(UffdError::Again { .. }) => return Served::Again,
                 Err(e) => {
-                    eprintln!("zmem: UFFDIO_COPY failed: {e}");
+                    log::error!("UFFDIO_COPY failed: {e}");
                     break;
                 }
             }

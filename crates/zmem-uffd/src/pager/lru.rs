@@ -117,7 +117,7 @@ impl Inner {
         if let Err(e) = tracker.scan_written(start, start + fs, |_, _| written = true) {
             // A region being unmapped or remapped under us: treat as cold.
             if !matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::INVAL | rustix::io::Errno::PERM, .. }) {
-                eprintln!("zmem: write tracking scan failed: {e}");
+                log::warn!("write tracking scan failed: {e}");
             }
         }
         if written {

@@ -18,7 +18,7 @@ use crate::sys::UffdError;
 impl Inner {
     pub(super) fn reclaim_main(self: Arc<Self>, staging: Mapping) {
         let mut tracker = if self.tracking {
-            WriteTracker::open().map_err(|e| eprintln!("zmem: no write tracking ({e}); reclaim sees faults only")).ok()
+            WriteTracker::open().map_err(|e| log::warn!("no write tracking ({e}); reclaim sees faults only")).ok()
         } else {
             None
         };
@@ -68,8 +68,8 @@ impl Inner {
                             inc(&self.counters.limit_soft_events);
                             if !warned {
                                 warned = true;
-                                eprintln!(
-                                    "zmem: usage {} MiB is over the limit and nothing more can be evicted \
+                                log::warn!(
+                                    "usage {} MiB is over the limit and nothing more can be evicted \
                                      ({}); the limit is soft until reclaim succeeds again",
                                     self.usage() >> 20,
                                     if self.tier.config().writeback {
@@ -196,7 +196,7 @@ impl Inner {
             let _ = self.uffd.unregister(a, l);
             let _ = staging.dontneed(0, n * fs);
             if let Err(e) = self.uffd.register(a, l, self.register_mode()) {
-                eprintln!("zmem: re-registering the staging area failed ({e}); reclaim stops");
+                log::error!("re-registering the staging area failed ({e}); reclaim stops");
                 self.stop.store(true, Ordering::Release);
             }
         }
