@@ -31,6 +31,28 @@ pub mod defaults {
     pub const COMPRESSOR: &str = "lz4";
 }
 
+/// A bad setting, named: every crate's config errors are this.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `field` is `value`, outside `range`.
+    #[error("{field} {value} is out of range: it must be in {range}")]
+    OutOfRange { field: &'static str, value: String, range: &'static str },
+    /// `field` breaks a rule that is not a range (`why` says which).
+    #[error("{field}: {why}")]
+    Invalid { field: &'static str, why: String },
+}
+
+impl ConfigError {
+    pub fn out_of_range(field: &'static str, value: impl std::fmt::Display, range: &'static str) -> ConfigError {
+        ConfigError::OutOfRange { field, value: value.to_string(), range }
+    }
+
+    pub fn invalid(field: &'static str, why: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { field, why: why.into() }
+    }
+}
+
 /// Library code reports through the `log` facade; the binaries (the `zmem`
 /// command, the shim, test children that check stderr) install this: one
 /// line per record on stderr, `zmem: ` first. Warnings and errors by

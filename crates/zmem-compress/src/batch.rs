@@ -21,6 +21,7 @@ use zmem_common::LockExt;
 use crate::codec::{CodecSpec, Compressor};
 use crate::engines::Inflight;
 use crate::{CompressError, DecompressError, Error};
+use zmem_common::ConfigError;
 
 /// Builds a fresh codec context. Engines and adapters call it once per
 /// context they keep, never per page.
@@ -268,7 +269,7 @@ impl Sequential {
     /// [`Error::Config`] if `batch_size` is 0 or above [`MAX_BATCH_SIZE`].
     pub fn new(factory: Factory, batch_size: usize) -> Result<Self, Error> {
         if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
-            return Err(Error::Config(format!("batch_size {batch_size} is not in 1..={MAX_BATCH_SIZE}")));
+            return Err(ConfigError::out_of_range("batch_size", batch_size, "1..=32").into());
         }
         Ok(Sequential { ctxs: CtxPool::new(factory), batch_size })
     }

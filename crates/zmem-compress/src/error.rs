@@ -61,7 +61,10 @@ pub enum Error {
     #[error("batch has {srcs} sources but {dsts} destinations and {results} result slots")]
     BatchShape { srcs: usize, dsts: usize, results: usize },
     #[error("invalid engine configuration: {0}")]
-    Config(String),
+    Config(#[from] zmem_common::ConfigError),
+    /// A worker thread could not be started.
+    #[error("spawn an engine thread: {0}")]
+    Spawn(String),
     #[error("the engine device has shut down")]
     ShutDown,
 }

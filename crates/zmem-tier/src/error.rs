@@ -12,7 +12,7 @@ use crate::MAX_FOLIO_PAGES;
 #[non_exhaustive]
 pub enum TierError {
     #[error("invalid tier configuration: {0}")]
-    Config(String),
+    Config(#[from] zmem_common::ConfigError),
     #[error("a folio must be 1..={MAX_FOLIO_PAGES} whole pages of {PAGE_SIZE} bytes, got {len} bytes")]
     BadFolio { len: usize },
     #[error("key {key}: stored page failed to decompress: {source}")]

@@ -52,6 +52,7 @@ mod writeback;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
+use zmem_common::ConfigError;
 use zmem_compress::{BatchCompressor, Engines, Sequential};
 use zmem_swapfile::SwapFile;
 use zmem_zsmalloc::{Mempool, PAGE_SIZE};
@@ -112,15 +113,15 @@ impl Tier {
             [("max_pool_percent", cfg.max_pool_percent), ("accept_threshold_percent", cfg.accept_threshold_percent)]
         {
             if !(1..=100).contains(&v) {
-                return Err(TierError::Config(format!("{name} must be in 1..=100, got {v}")));
+                return Err(ConfigError::out_of_range(name, v, "1..=100").into());
             }
         }
         if cfg.writeback && cfg.swap.is_none() {
-            return Err(TierError::Config("writeback needs a swap file (set swap, or writeback=false)".into()));
+            return Err(ConfigError::invalid("writeback", "needs a swap file (set swap, or writeback=false)").into());
         }
         let max_bytes = cfg.max_pool_bytes.unwrap_or(cfg.memory_budget / 100 * cfg.max_pool_percent as usize);
         if max_bytes < PAGE_SIZE {
-            return Err(TierError::Config(format!("the pool limit of {max_bytes} bytes is below one page")));
+            return Err(ConfigError::out_of_range("max_pool_bytes", max_bytes, "a page or more").into());
         }
         let accept_bytes = max_bytes / 100 * cfg.accept_threshold_percent as usize;
         let mempool = Arc::new(Mempool::new(cfg.mempool.clone())?);

@@ -105,7 +105,7 @@ impl Default for MempoolConfig {
 #[non_exhaustive]
 pub enum MempoolError {
     #[error("invalid mempool configuration: {0}")]
-    Config(String),
+    Config(#[from] zmem_common::ConfigError),
     #[error("mmap of a {bytes}-byte arena failed: {source}")]
     Mmap { bytes: usize, source: rustix::io::Errno },
 }
@@ -196,7 +196,7 @@ impl Mempool {
     /// [`MempoolError::Mmap`] if the reserve cannot be mapped.
     pub fn new(cfg: MempoolConfig) -> Result<Mempool, MempoolError> {
         if cfg.arena_pages == 0 {
-            return Err(MempoolError::Config("arena_pages must be at least 1".into()));
+            return Err(zmem_common::ConfigError::out_of_range("arena_pages", cfg.arena_pages, "1..").into());
         }
         let pool = Mempool {
             inner: Mutex::new(Inner {
@@ -383,7 +383,7 @@ fn carve(g: &mut Inner, arena_pages: usize) -> Result<Page, MempoolError> {
         g.arenas.push(Arena { base, pages: arena_pages });
         g.bump = 0;
     }
-    let a = g.arenas.last().ok_or(MempoolError::Config("no arena".into()))?;
+    let a = g.arenas.last().ok_or(MempoolError::Mmap { bytes: 0, source: rustix::io::Errno::NOMEM })?;
     // SAFETY: bump < a.pages, so the offset stays inside the arena mapping.
     let ptr = unsafe { a.base.add(g.bump * PAGE_SIZE) };
     g.bump += 1;

@@ -57,7 +57,7 @@ pub enum ZsError {
     #[error("object is {size} bytes but {len} bytes were given")]
     SizeMismatch { size: usize, len: usize },
     #[error("invalid pool configuration: {0}")]
-    Config(String),
+    Config(#[from] zmem_common::ConfigError),
 }
 
 /// Settings of a pool.
@@ -132,7 +132,7 @@ impl ZsPool {
         group_pages: Arc<AtomicUsize>,
     ) -> Result<ZsPool, ZsError> {
         if !(1..=MAX_CHAIN_SIZE).contains(&cfg.chain_size) {
-            return Err(ZsError::Config(format!("chain_size {} is not in 1..={MAX_CHAIN_SIZE}", cfg.chain_size)));
+            return Err(zmem_common::ConfigError::out_of_range("chain_size", cfg.chain_size, "1..=16").into());
         }
         let table = ClassTable::new(cfg.chain_size, cfg.merge_classes);
         let classes = table

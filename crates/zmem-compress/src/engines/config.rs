@@ -4,6 +4,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::Error;
+use zmem_common::ConfigError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WqMode {
@@ -21,7 +22,10 @@ impl std::str::FromStr for WqMode {
         match s {
             "per-cpu" | "percpu" => Ok(WqMode::PerCpu),
             "global" => Ok(WqMode::Global),
-            _ => Err(Error::Config(format!("unknown wq_mode {s:?}; valid modes are: per-cpu, global"))),
+            _ => {
+                Err(ConfigError::invalid("wq_mode", format!("unknown mode {s:?}; valid modes are: per-cpu, global"))
+                    .into())
+            }
         }
     }
 }

@@ -36,6 +36,7 @@ use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
 use crate::batch::{check_shape, Batch, BatchItem, CtxPool, Factory, ItemError, Op, Ticket, TicketInner};
 use crate::codec::Compressor;
 use crate::{BatchCompressor, CompressError, DecompressError, Error};
+use zmem_common::ConfigError;
 
 mod config;
 mod stats;
@@ -158,17 +159,13 @@ impl Engines {
     /// outside 1..=32.
     pub fn new(cfg: EnginesConfig, factory: Factory) -> Result<Self, Error> {
         if cfg.engines == 0 || cfg.engines > 1024 {
-            return Err(Error::Config(format!("engines must be in 1..=1024, got {}", cfg.engines)));
+            return Err(ConfigError::out_of_range("engines", cfg.engines, "1..=1024").into());
         }
         if cfg.wq_depth == 0 {
-            return Err(Error::Config("wq_depth must be at least 1".into()));
+            return Err(ConfigError::out_of_range("wq_depth", cfg.wq_depth, "1..").into());
         }
         if !(1..=crate::batch::MAX_BATCH_SIZE).contains(&cfg.batch_size) {
-            return Err(Error::Config(format!(
-                "batch_size {} is not in 1..={}",
-                cfg.batch_size,
-                crate::batch::MAX_BATCH_SIZE
-            )));
+            return Err(ConfigError::out_of_range("batch_size", cfg.batch_size, "1..=32").into());
         }
         let ncpus = thread::available_parallelism().map_or(1, |n| n.get());
         let shared = Arc::new(Shared { counters: (0..cfg.engines).map(|_| Counters::default()).collect(), cfg });
@@ -185,7 +182,7 @@ impl Engines {
             let t = thread::Builder::new()
                 .name(format!("zmem-engine-{k}"))
                 .spawn(move || engine_main(k, rx, ctx, &shared, &paused, pin))
-                .map_err(|e| Error::Config(format!("spawn engine thread: {e}")))?;
+                .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.push(t);
         }
         Ok(Engines { shared, queues, threads, sw: CtxPool::new(factory), rr: AtomicUsize::new(0), paused, ncpus })

@@ -12,7 +12,10 @@ use crate::sys::UffdError;
 #[non_exhaustive]
 pub enum PagerError {
     #[error("invalid pager configuration: {0}")]
-    Config(String),
+    Config(#[from] zmem_common::ConfigError),
+    /// A pager thread could not be started.
+    #[error("spawn a pager thread: {0}")]
+    Spawn(std::io::Error),
     #[error(transparent)]
     Uffd(#[from] UffdError),
     #[error(transparent)]

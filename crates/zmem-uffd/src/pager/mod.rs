@@ -99,6 +99,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
 
+use zmem_common::ConfigError;
 use zmem_tier::{Tier, TierConfig};
 
 pub use config::{PagerConfig, PagerError};
@@ -208,23 +209,23 @@ impl Pager {
     pub fn new(cfg: PagerConfig) -> Result<Pager, PagerError> {
         let fs = cfg.folio_size;
         if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
-            return Err(PagerError::Config(format!("folio_size {fs} must be a power of two in 4 KiB..=2 MiB")));
+            return Err(ConfigError::out_of_range("folio_size", fs, "4 KiB..=2 MiB, a power of two").into());
         }
         if !(1..=32).contains(&cfg.reclaim_batch) {
-            return Err(PagerError::Config(format!("reclaim_batch {} must be in 1..=32", cfg.reclaim_batch)));
+            return Err(ConfigError::out_of_range("reclaim_batch", cfg.reclaim_batch, "1..=32").into());
         }
         if cfg.low_watermark_percent >= cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
-            return Err(PagerError::Config("watermarks must satisfy low < high <= 100".into()));
+            return Err(ConfigError::invalid("watermarks", "they must satisfy low < high <= 100").into());
         }
         if cfg.limit < 4 * fs * cfg.reclaim_batch {
-            return Err(PagerError::Config(format!(
-                "limit {} is below four reclaim batches ({} bytes)",
-                cfg.limit,
-                4 * fs * cfg.reclaim_batch
-            )));
+            return Err(ConfigError::invalid(
+                "limit",
+                format!("{} is below four reclaim batches ({} bytes)", cfg.limit, 4 * fs * cfg.reclaim_batch),
+            )
+            .into());
         }
         if !(1..=16).contains(&cfg.handler_threads) {
-            return Err(PagerError::Config(format!("handler_threads {} must be in 1..=16", cfg.handler_threads)));
+            return Err(ConfigError::out_of_range("handler_threads", cfg.handler_threads, "1..=16").into());
         }
         let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
         let offered = Uffd::offered(OpenMode::Auto)?;
@@ -277,7 +278,7 @@ impl Pager {
                     }
                     f();
                 })
-                .map_err(|e| PagerError::Config(format!("spawn a pager thread: {e}")))
+                .map_err(PagerError::Spawn)
         };
         let mut threads = Vec::new();
         for i in 0..inner.cfg.handler_threads {
