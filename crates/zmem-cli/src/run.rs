@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use zmem_uffd::Settings;
+use zmem_settings::Settings;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
@@ -70,7 +70,7 @@ fn preload_path() -> Result<PathBuf> {
 pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The environment's ZMEM_* settings, overridden by the flags.
     // Read as bytes: other variables may hold anything.
-    let mut vars = zmem_uffd::zmem_vars(std::env::vars_os()).map_err(|e| anyhow::anyhow!(e))?;
+    let mut vars = zmem_settings::zmem_vars(std::env::vars_os()).map_err(|e| anyhow::anyhow!(e))?;
     let mut set = |k: &str, v: Option<String>| {
         if let Some(v) = v {
             vars.retain(|(key, _)| key != k);

@@ -48,6 +48,10 @@ pub enum ItemError {
     Compress(#[from] CompressError),
     #[error(transparent)]
     Decompress(#[from] DecompressError),
+    /// The ticket was handed to a `BatchCompressor` other than the one
+    /// that issued it: items it had not started were not run.
+    #[error("the batch's ticket was waited on by another compressor; the item was not run")]
+    ForeignTicket,
 }
 
 /// One item of an owned batch. `dst.len()` is the room the codec may use.
@@ -162,6 +166,8 @@ pub(crate) enum TicketInner {
 /// - Outputs are byte-identical to [`Compressor::compress`] of the same codec,
 ///   whichever engine or fallback path ran them.
 /// - A [`Ticket`] MUST be passed back to the instance that issued it.
+///   Another instance's `wait` does not panic: it returns the items it
+///   could not run as [`ItemError::ForeignTicket`].
 pub trait BatchCompressor: Send + Sync {
     /// The codec name, as in `lz4` or `zstd:1`.
     fn name(&self) -> String;
@@ -339,7 +345,9 @@ impl BatchCompressor for Sequential {
     fn wait(&self, ticket: Ticket) -> Batch {
         match ticket.inner {
             TicketInner::Ready(b) => b,
-            TicketInner::Inflight(_) => panic!("a Ticket from Engines was passed to Sequential::wait"),
+            // Another device's ticket: what its engines started completes,
+            // the rest is returned unrun (never run with the wrong codec).
+            TicketInner::Inflight(inf) => inf.abandon(),
         }
     }
 }

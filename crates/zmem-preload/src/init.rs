@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock};
 use zmem_common::RwLockExt;
 
-use zmem_uffd::{Pager, Region, Settings};
+use zmem_settings::Settings;
+use zmem_uffd::{Pager, Region};
 
 use crate::guard::{guarded, in_zmem, mark_internal_thread};
 use crate::stats::stats_main;

@@ -12,11 +12,9 @@
 pub mod mapping;
 pub mod pagemap;
 pub mod pager;
-pub mod settings;
 pub mod sys;
 
 pub use mapping::Mapping;
 pub use pagemap::WriteTracker;
 pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
-pub use settings::{check_swapfile_dir, parse_size, zmem_vars, Settings};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use zmem_compress::{CodecSpec, PAGE_SIZE};
-use zmem_uffd::parse_size;
+use zmem_settings::parse_size;
 
 use kernel::{debugfs_zswap, kernel_rejects, vmstat, KernelSetup};
 use report::{chart, print_table, RunReport};

@@ -9,8 +9,9 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use zmem_compress::corpus::Corpus;
 use zmem_compress::PAGE_SIZE;
+use zmem_settings::parse_size;
 use zmem_tier::TierConfig;
-use zmem_uffd::{parse_size, Mapping, Pager, PagerConfig};
+use zmem_uffd::{Mapping, Pager, PagerConfig};
 
 /// What a worker reports.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]

@@ -78,6 +78,30 @@ impl Inflight {
     fn done(&self) -> bool {
         self.remaining.load(Ordering::Acquire) == 0
     }
+
+    /// The batch back, from a waiter that cannot run its items (the ticket
+    /// went to another compressor): unstarted items end with
+    /// `ItemError::ForeignTicket`; started ones are waited for.
+    pub(crate) fn abandon(self: Arc<Self>) -> Batch {
+        for i in 0..self.items.len() {
+            if self.claim(i) {
+                self.items[i].lock_ok().result = Some(Err(ItemError::ForeignTicket));
+                self.complete_one();
+            }
+        }
+        while !self.done() {
+            thread::sleep(Duration::from_micros(50));
+        }
+        self.take_batch()
+    }
+
+    /// Moves the items out through their mutexes: descriptors of items a
+    /// fallback path claimed may still sit in queues (or in a stalled
+    /// engine) holding a clone of the Arc, so it cannot be unwrapped. A late
+    /// engine finds them claimed and drops the descriptor.
+    fn take_batch(&self) -> Batch {
+        Batch { op: self.op, items: self.items.iter().map(|m| std::mem::take(&mut *m.lock_ok())).collect() }
+    }
 }
 
 /// What one engine (or the software path) does with one claimed item.
@@ -322,11 +346,7 @@ impl Engines {
                 }
             }
         }
-        // Descriptors of items that a fallback path claimed may still sit in
-        // queues (or in a stalled engine) holding a clone of the Arc, so the
-        // items are moved out through their mutexes, not by unwrapping it.
-        // A late engine finds them claimed and drops the descriptor.
-        Batch { op: inf.op, items: inf.items.iter().map(|m| std::mem::take(&mut *m.lock_ok())).collect() }
+        inf.take_batch()
     }
 
     fn run_sync(&self, op: Op, src: &[&[u8]], dst: &mut [&mut [u8]]) -> Result<Batch, Error> {
@@ -447,7 +467,9 @@ impl BatchCompressor for Engines {
             *o = match item.result {
                 Some(Ok(n)) => Ok(n),
                 Some(Err(ItemError::Compress(e))) => Err(e),
-                Some(Err(ItemError::Decompress(e))) => unreachable!("compress batch gave {e}"),
+                Some(Err(e @ (ItemError::Decompress(_) | ItemError::ForeignTicket))) => {
+                    unreachable!("our own compress batch gave {e}")
+                }
                 None => unreachable!("a completed batch has every result"),
             };
         }
@@ -466,7 +488,9 @@ impl BatchCompressor for Engines {
             *o = match item.result {
                 Some(Ok(n)) => Ok(n),
                 Some(Err(ItemError::Decompress(e))) => Err(e),
-                Some(Err(ItemError::Compress(e))) => unreachable!("decompress batch gave {e}"),
+                Some(Err(e @ (ItemError::Compress(_) | ItemError::ForeignTicket))) => {
+                    unreachable!("our own decompress batch gave {e}")
+                }
                 None => unreachable!("a completed batch has every result"),
             };
         }

@@ -194,3 +194,34 @@ fn eight_threads_share_one_device() {
         assert_eq!(total(&e).verify_failures, 0);
     }
 }
+
+/// A ticket handed to the wrong compressor: `Sequential::wait` panicked on
+/// an engines' ticket. Now what the engines started completes with the
+/// engines' codec, and the rest comes back as `ForeignTicket`, never run
+/// with the wrong codec.
+#[test]
+fn a_foreign_ticket_never_panics_and_never_runs_with_the_wrong_codec() {
+    // The engine may have started some items by the time lz4 waits.
+    let e = Engines::new(
+        EnginesConfig { engines: 1, completion_timeout: Duration::from_secs(60), ..Default::default() },
+        spec("zstd:1").factory(),
+    )
+    .unwrap();
+    let lz4 = Sequential::new(spec("lz4").factory(), 8).unwrap();
+    let pages: Vec<&[u8]> = corpus().pages().take(8).collect();
+    let t = e.submit(Batch::compress(pages.iter().copied())).unwrap();
+    let b = lz4.wait(t);
+    let mut zstd = spec("zstd:1").build();
+    for (item, page) in b.items.iter().zip(&pages) {
+        match item.output().expect("every item has a result") {
+            Err(ItemError::ForeignTicket) => {}
+            Ok(got) => {
+                // Run by the engines, with their codec.
+                let mut want = vec![0u8; PAGE_SIZE];
+                let n = zstd.compress(page, &mut want).unwrap();
+                assert_eq!(got, &want[..n]);
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,5 +1,6 @@
-//! `ZMEM_*` settings: parsed here for the shim, and by `zmem run` before it
-//! starts the program, so that a bad value is an error up front.
+//! `ZMEM_*` settings: parsed by `zmem run` before it starts the program, so
+//! that a bad value is an error up front, and by the shim at start-up. The
+//! pager itself reads no environment: it takes a `PagerConfig`.
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
@@ -14,13 +15,14 @@
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
 //! | `ZMEM_DISABLE` | `0` | `1`: the shim passes everything through |
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::PagerConfig;
 use zmem_common::defaults;
 use zmem_tier::{CodecSpec, TierConfig};
+use zmem_uffd::PagerConfig;
 
 /// The shim's settings.
 #[derive(Debug, Clone)]
