@@ -90,6 +90,7 @@ mod fault;
 mod lru;
 mod reclaim;
 mod region;
+mod staging;
 mod stats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -106,10 +107,11 @@ pub use config::{PagerConfig, PagerError};
 use lru::Lru;
 pub use region::Region;
 use region::RegionState;
+use staging::Staging;
 use stats::Counters;
 pub use stats::PagerStats;
 
-use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::mapping::PAGE_SIZE;
 use crate::sys::{Features, OpenMode, RegisterMode, Uffd};
 
 /// A folio's state (one byte per folio in its region's table).
@@ -263,11 +265,10 @@ impl Pager {
             tier,
             cfg,
         });
-        let staging = Mapping::new(inner.cfg.folio_size * inner.cfg.reclaim_batch).map_err(PagerError::Map)?;
         // Staging shares the regions' registration mode: UFFDIO_MOVE needs
         // both sides to have the same page protection, and WP registration
         // changes it.
-        inner.uffd.register(staging.addr(), staging.len() as u64, inner.register_mode())?;
+        let staging = Staging::new(&inner.uffd, inner.register_mode(), inner.cfg.folio_size, inner.cfg.reclaim_batch)?;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
             std::thread::Builder::new()

@@ -9,14 +9,15 @@ use zmem_common::{unpoison, LockExt};
 use zmem_tier::StoreOutcome;
 
 use super::lru::UNEVICTABLE_RESCAN;
+use super::staging::Staging;
 use super::stats::inc;
 use super::{Folio, Held, Inner, Pass, RegionState};
-use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::mapping::PAGE_SIZE;
 use crate::pagemap::WriteTracker;
 use crate::sys::UffdError;
 
 impl Inner {
-    pub(super) fn reclaim_main(self: Arc<Self>, staging: Mapping) {
+    pub(super) fn reclaim_main(self: Arc<Self>, mut staging: Staging) {
         let mut tracker = if self.tracking {
             WriteTracker::open().map_err(|e| log::warn!("no write tracking ({e}); reclaim sees faults only")).ok()
         } else {
@@ -41,7 +42,7 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 // Unregister before the munmap: an UNMAP event would wait
                 // for a handler that may already be gone.
-                let _ = self.uffd.unregister(staging.addr(), staging.len() as u64);
+                staging.unregister(&self.uffd);
                 return;
             }
             if self.usage() <= self.cfg.limit {
@@ -49,7 +50,7 @@ impl Inner {
             }
             if self.usage() > self.high() && Instant::now() >= retry_at {
                 while self.usage() > self.low() {
-                    let pass = self.evict_batch(&staging, tracker.as_mut());
+                    let pass = self.evict_batch(&mut staging, tracker.as_mut());
                     self.reclaimed.1.notify_all();
                     if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                         // Progress, or unevictable folios set aside: go on.
@@ -97,7 +98,7 @@ impl Inner {
     /// 4. Finish under the stripe lock: Folio::Evicted, dropping the entries of
     ///    pages the program dropped meanwhile. A rejected folio keeps its
     ///    pages uncompressed (`held`) until a fault maps them again.
-    pub(super) fn evict_batch(&self, staging: &Mapping, tracker: Option<&mut WriteTracker>) -> Pass {
+    pub(super) fn evict_batch(&self, staging: &mut Staging, tracker: Option<&mut WriteTracker>) -> Pass {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
@@ -116,8 +117,9 @@ impl Inner {
         // (victim, slot in staging, which pages moved)
         let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
         for (st, f) in isolated {
-            let dst = staging.addr() + (moved.len() * fs) as u64;
+            let dst = staging.slot_addr(moved.len());
             let (present, stuck) = self.move_folio(&st, f, dst);
+            staging.mark(moved.len(), &present);
             if stuck && !present.contains(&true) {
                 // Nothing could move (mlocked, pinned): it stays resident,
                 // and is looked at again only after a trip round the lists.
@@ -138,18 +140,9 @@ impl Inner {
         }
         let n = moved.len();
         for (slot, (st, f, present)) in moved.iter().enumerate() {
-            let base = staging.addr() as usize + slot * fs;
-            // Only the pages MOVE filled may be touched: a hole in staging
-            // is a MISSING fault, which the handler may be unable to serve
-            // while we hold a stripe lock.
+            // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
-            let run_data = |p: usize, n: usize| {
-                // SAFETY: 1. [p, p + n) is a run of present pages of this
-                // staging slot, mapped by MOVE; 2. only this thread touches
-                // staging, and nothing changes it until the DONTNEED below,
-                // after this borrow ends.
-                unsafe { std::slice::from_raw_parts((base + p * PAGE_SIZE) as *const u8, n * PAGE_SIZE) }
-            };
+            let run_data = |p: usize, n: usize| staging.run(slot, p, n);
             let mut ok = true;
             for &(p, n) in &runs {
                 match self.tier.store(st.key(f * ppf + p), run_data(p, n)) {
@@ -188,14 +181,7 @@ impl Inner {
             });
         }
         if n > 0 {
-            // Free the staging pages. A DONTNEED of a registered range raises
-            // a REMOVE event, and until it is read every COPY fails with
-            // EAGAIN: back to back, reclaim batches would starve faults. So
-            // staging is unregistered around it (three cheap syscalls).
-            let (a, l) = (staging.addr(), staging.len() as u64);
-            let _ = self.uffd.unregister(a, l);
-            let _ = staging.dontneed(0, n * fs);
-            if let Err(e) = self.uffd.register(a, l, self.register_mode()) {
+            if let Err(e) = staging.free(&self.uffd, self.register_mode(), n) {
                 log::error!("re-registering the staging area failed ({e}); reclaim stops");
                 self.stop.store(true, Ordering::Release);
             }

@@ -1,0 +1,81 @@
+//! The staging area: where reclaim MOVEs a batch of folios out of the
+//! program, to store them. Registered with the pager's userfaultfd in the
+//! regions' mode (`UFFDIO_MOVE` needs both sides to match). It keeps track
+//! of which of its pages MOVE filled: only those may be read, because a
+//! hole in a registered range is a MISSING fault that the handler must
+//! serve, and reclaim may hold a lock the handler waits for.
+
+use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::sys::{RegisterMode, Uffd, UffdError};
+
+#[derive(Debug)]
+pub(super) struct Staging {
+    map: Mapping,
+    folio: usize,
+    /// Page `i` of the area was filled by MOVE since the last `free`.
+    filled: Vec<bool>,
+}
+
+impl Staging {
+    /// Room for `slots` folios of `folio` bytes, registered with `uffd`.
+    pub(super) fn new(
+        uffd: &Uffd,
+        mode: RegisterMode,
+        folio: usize,
+        slots: usize,
+    ) -> Result<Staging, super::PagerError> {
+        let map = Mapping::new(folio * slots).map_err(super::PagerError::Map)?;
+        uffd.register(map.addr(), map.len() as u64, mode)?;
+        Ok(Staging { filled: vec![false; map.len() / PAGE_SIZE], map, folio })
+    }
+
+    /// Where slot `slot` starts.
+    pub(super) fn slot_addr(&self, slot: usize) -> u64 {
+        self.map.addr() + (slot * self.folio) as u64
+    }
+
+    /// Records the pages of `slot` that MOVE filled.
+    pub(super) fn mark(&mut self, slot: usize, present: &[bool]) {
+        let ppf = self.folio / PAGE_SIZE;
+        for (p, &x) in present.iter().enumerate() {
+            self.filled[slot * ppf + p] |= x;
+        }
+    }
+
+    /// Pages `[p, p + n)` of slot `slot`: they MUST have been filled.
+    ///
+    /// # Panics
+    /// On a page MOVE did not fill (reading it would fault).
+    pub(super) fn run(&self, slot: usize, p: usize, n: usize) -> &[u8] {
+        let first = slot * self.folio / PAGE_SIZE + p;
+        assert!(self.filled[first..first + n].iter().all(|&x| x), "a staging page MOVE did not fill");
+        let addr = self.slot_addr(slot) as usize + p * PAGE_SIZE;
+        // SAFETY: 1. [addr, addr + n pages) lies in our mapping and every
+        // page of it was filled by MOVE (checked above), so reading it
+        // faults nothing; 2. only the reclaim thread, which owns this
+        // Staging, touches the area, and `free` (which changes it) takes
+        // `&mut self`, so no borrow from here outlives the contents.
+        unsafe { std::slice::from_raw_parts(addr as *const u8, n * PAGE_SIZE) }
+    }
+
+    /// Frees the first `slots` slots' pages. A DONTNEED of a registered
+    /// range raises a REMOVE event, and until it is read every COPY fails
+    /// with EAGAIN: back to back, reclaim batches would starve faults. So
+    /// the area is unregistered around it (three cheap syscalls).
+    ///
+    /// # Errors
+    /// Registering the area again failed: reclaim cannot go on.
+    pub(super) fn free(&mut self, uffd: &Uffd, mode: RegisterMode, slots: usize) -> Result<(), UffdError> {
+        let (a, l) = (self.map.addr(), self.map.len() as u64);
+        let _ = uffd.unregister(a, l);
+        let _ = self.map.dontneed(0, slots * self.folio);
+        self.filled.fill(false);
+        uffd.register(a, l, mode).map(|_| ())
+    }
+
+    /// Unregisters the area (before it is unmapped at the pager's end: an
+    /// UNMAP event would wait for a handler that may be gone).
+    pub(super) fn unregister(&self, uffd: &Uffd) {
+        let _ = uffd.unregister(self.map.addr(), self.map.len() as u64);
+    }
+}
