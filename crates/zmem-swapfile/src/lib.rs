@@ -1,5 +1,6 @@
-//! zmem's swap file: where the tier writes back compressed pages that went
-//! cold, as zswap writes back to the swap device.
+//! zmem's swap file: where the tier writes back pool entries that went cold
+//! (decompressed first, as raw pages), as zswap writes back to the swap
+//! device.
 //!
 //! - [`slot`]: the slot allocator (next fit, so batches are contiguous).
 //! - Writes are batched: a batch of pages becomes one `pwritev` per run of
