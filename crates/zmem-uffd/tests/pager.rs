@@ -579,3 +579,44 @@ fn rejected_folios_with_holes_are_held_and_read_back() {
     assert!(s.eviction_rejects > 0 && s.evicted_folios > 0, "{s:?}");
     assert_eq!(s.stray_faults, 0, "zmem touched a hole of its staging area: {s:?}");
 }
+
+/// The program unmaps part of a region and the kernel hands the addresses
+/// to a new mapping; dropping the region must leave that mapping alone (it
+/// unmapped the whole original range, so the new mapping vanished and a
+/// later touch was SIGSEGV: found by the 100-run loop, 4 crashes in 14).
+#[test]
+fn dropping_a_partly_unmapped_region_spares_what_now_lives_in_its_hole() {
+    let _wd = watchdog("hole-reuse", 60);
+    let p = pager(4 << 20);
+    let r = p.map(4 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, 3);
+    }
+    let half = r.addr() as usize + r.len() / 2;
+    // SAFETY: the second half of our region, which nothing touches again.
+    unsafe { rustix::mm::munmap(half as *mut _, r.len() / 2) }.unwrap();
+    // Someone else's memory, exactly in the hole.
+    // SAFETY: a fresh anonymous mapping at an address nothing else owns
+    // (NOREPLACE fails rather than clobber).
+    let other = unsafe {
+        rustix::mm::mmap_anonymous(
+            half as *mut _,
+            r.len() / 2,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED_NOREPLACE,
+        )
+    }
+    .expect("map the hole");
+    assert_eq!(other as usize, half);
+    // SAFETY: our fresh mapping of r.len() / 2 bytes.
+    let words = unsafe { std::slice::from_raw_parts_mut(other.cast::<u64>(), r.len() / 16) };
+    words.iter_mut().enumerate().for_each(|(i, w)| *w = i as u64 ^ 0xABCD);
+    p.reclaim_now();
+    for pg in 0..r.len() / PAGE_SIZE / 2 {
+        assert_eq!(check_page(&r, pg, 3), 0, "page {pg}");
+    }
+    drop(r);
+    assert!(words.iter().enumerate().all(|(i, w)| *w == i as u64 ^ 0xABCD), "the new mapping changed");
+    // SAFETY: our mapping, no longer referenced.
+    unsafe { rustix::mm::munmap(other, (4 << 20) / 2) }.unwrap();
+}

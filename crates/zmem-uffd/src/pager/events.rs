@@ -7,6 +7,20 @@ use super::{Folio, Inner};
 use crate::mapping::PAGE_SIZE;
 
 impl Inner {
+    /// The program unmapped `[start, end)`: the parts of regions in it are
+    /// recorded, so that dropping a region never unmaps what the kernel
+    /// has since placed there.
+    pub(super) fn note_unmapped(&self, start: u64, end: u64) {
+        let regions = self.regions.read_ok();
+        for st in regions.values() {
+            let base = st.start.load(Ordering::Acquire);
+            let (a, b) = (start.max(base), end.min(base + st.len as u64));
+            if a < b {
+                st.unmapped.lock_ok().push(((a - base) as usize, (b - base) as usize));
+            }
+        }
+    }
+
     pub(super) fn drop_range(&self, start: u64, end: u64) {
         let Some(st) = self.region_at(start) else { return };
         let base = st.start.load(Ordering::Acquire);

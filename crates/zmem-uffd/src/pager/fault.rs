@@ -51,7 +51,18 @@ impl Inner {
                     return;
                 }
             }
+            let guard = self.events.lock_ok();
             let Ok(events) = self.uffd.read_events(64) else { return };
+            // Where regions are (REMAP) and which parts the program unmapped
+            // (UNMAP), before anyone may look (`Region::drop`).
+            for ev in &events {
+                match *ev {
+                    Event::Unmap { start, end } => self.note_unmapped(start, end),
+                    Event::Remap { from, to, len } => self.remap(from, to, len),
+                    _ => {}
+                }
+            }
+            drop(guard);
             if events.is_empty() {
                 if spinning {
                     std::hint::spin_loop();
@@ -63,8 +74,7 @@ impl Inner {
                 match ev {
                     Event::PageFault { addr, .. } => pending.push_back(addr),
                     Event::Remove { start, end } | Event::Unmap { start, end } => self.drop_range(start, end),
-                    Event::Remap { from, to, len } => self.remap(from, to, len),
-                    Event::Fork { .. } | Event::Unknown(_) => {}
+                    Event::Remap { .. } | Event::Fork { .. } | Event::Unknown(_) => {}
                 }
             }
             // Serve faults in order; a folio being evicted waits its turn
@@ -135,7 +145,8 @@ impl Inner {
                         page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                     }
                 }
-                if self.copy_folio(folio_addr, bounce, &bad) == Served::Again {
+                let holes = st.holes_in(f * ppf, ppf);
+                if self.copy_folio(folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
                     // Nothing is lost: the entries are still in the tier.
                     return Served::Again;
                 }
@@ -164,13 +175,17 @@ impl Inner {
     /// and poisons the `bad` pages (or zero-fills them where the kernel
     /// lacks UFFDIO_POISON). On `Again`, what was done stays (a retry steps
     /// over it).
-    fn copy_folio(&self, dst: u64, src: &[u8], bad: &[bool]) -> Served {
+    fn copy_folio(&self, dst: u64, src: &[u8], bad: &[bool], holes: Option<&[bool]>) -> Served {
         let ppf = src.len() / PAGE_SIZE;
+        let hole = |p: usize| holes.is_some_and(|h| h[p]);
         let mut p = 0;
         while p < ppf {
-            let run = bad[p..].iter().take_while(|&&b| b == bad[p]).count();
+            let run = (p..ppf).take_while(|&q| bad[q] == bad[p] && hole(q) == hole(p)).count();
             let (a, n) = (dst + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
-            let r = if bad[p] && self.poison {
+            let r = if hole(p) {
+                // Unmapped by the program: not ours to fill any more.
+                Served::Done
+            } else if bad[p] && self.poison {
                 match self.uffd.poison(a, n) {
                     Err(UffdError::Again { .. }) => Served::Again,
                     Err(e) => {

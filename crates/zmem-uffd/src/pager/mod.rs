@@ -169,6 +169,9 @@ struct Inner {
     /// dropped can never come back.
     held: Mutex<HashMap<(u32, usize), Held>>,
     held_bytes: AtomicUsize,
+    /// Held by the handler from reading a batch of events until it has
+    /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`).
+    events: Mutex<()>,
     /// The limit is soft (see [`PagerStats::limit_soft_events`]).
     soft: AtomicBool,
     /// UFFDIO_POISON is available for pages that fail to load.
@@ -259,6 +262,7 @@ impl Pager {
             dropped: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             held_bytes: AtomicUsize::new(0),
+            events: Mutex::new(()),
             soft: AtomicBool::new(false),
             poison,
             uffd,

@@ -194,16 +194,30 @@ impl Inner {
     /// being a hole (it stays mapped).
     pub(super) fn move_folio(&self, st: &RegionState, f: usize, dst: u64) -> (Vec<bool>, bool) {
         let fs = self.cfg.folio_size as u64;
-        let mut present = vec![false; fs as usize / PAGE_SIZE];
+        let ppf = fs as usize / PAGE_SIZE;
+        let mut present = vec![false; ppf];
         let mut stuck = false;
+        // Never MOVE from what the program unmapped: the kernel may have put
+        // someone else's pages there since. Holding `events` for a moment
+        // makes every UNMAP already read recorded; one not yet read fails
+        // our MOVE with EAGAIN, and the holes are looked up again then.
+        drop(self.events.lock_ok());
+        let mut holes = st.holes_in(f * ppf, ppf);
         let mut off = 0u64;
         while off < fs {
+            let hole = |off: u64| holes.as_ref().is_some_and(|h| h[off as usize / PAGE_SIZE]);
+            if hole(off) {
+                off += PAGE_SIZE as u64;
+                continue;
+            }
+            // Up to the next hole.
+            let run_end = (off..fs).step_by(PAGE_SIZE).find(|&o| hole(o)).unwrap_or(fs);
             // Read the address each time: a REMAP may move the region.
             let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
             // SAFETY: src lies in a registered region (or a range it left,
             // which then fails) and dst in our registered staging area;
             // neither is covered by a reference.
-            match unsafe { self.uffd.move_until_hole(dst + off, src + off, fs - off) } {
+            match unsafe { self.uffd.move_until_hole(dst + off, src + off, run_end - off) } {
                 Ok(n) => {
                     present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
                     // A hole (or the end) follows what moved.
@@ -215,6 +229,8 @@ impl Inner {
                     present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
                     off += done;
                     std::thread::sleep(Duration::from_micros(20));
+                    drop(self.events.lock_ok());
+                    holes = st.holes_in(f * ppf, ppf);
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays.
                 Err(_) => {

@@ -14,6 +14,10 @@ pub(super) struct RegionState {
     pub(super) id: u32,
     pub(super) start: AtomicU64,
     pub(super) mapping: Mutex<Option<Mapping>>,
+    /// Ranges (offsets in the region) the program unmapped itself: the
+    /// kernel may have handed their addresses to another mapping since, so
+    /// the region's own unmap must leave them alone.
+    pub(super) unmapped: Mutex<Vec<(usize, usize)>>,
     pub(super) len: usize,
     pub(super) state: Box<[AtomicU8]>,
     pub(super) referenced: Box<[AtomicBool]>,
@@ -34,6 +38,38 @@ impl RegionState {
 
     pub(super) fn set_folio(&self, f: usize, s: Folio) {
         self.state[f].store(s as u8, Ordering::Release);
+    }
+
+    /// Which of pages `[first, first + n)` the program unmapped, or `None`
+    /// when it unmapped none of the region (the common case).
+    pub(super) fn holes_in(&self, first: usize, n: usize) -> Option<Vec<bool>> {
+        let holes = self.unmapped.lock_ok();
+        if holes.is_empty() {
+            return None;
+        }
+        let mut out = vec![false; n];
+        for &(a, b) in holes.iter() {
+            let (a, b) = (a / PAGE_SIZE, b.div_ceil(PAGE_SIZE));
+            for p in a.max(first)..b.min(first + n) {
+                out[p - first] = true;
+            }
+        }
+        Some(out)
+    }
+
+    /// The parts of the region (offsets) the program has not unmapped.
+    pub(super) fn mapped_parts(&self) -> Vec<(usize, usize)> {
+        let mut holes = self.unmapped.lock_ok().clone();
+        holes.sort_unstable();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for (a, b) in holes.into_iter().chain([(self.len, self.len)]) {
+            if a > at {
+                out.push((at, a));
+            }
+            at = at.max(b);
+        }
+        out
     }
 
     pub(super) fn swap_folio(&self, f: usize, s: Folio) -> Folio {
@@ -95,8 +131,18 @@ impl Drop for Region {
     fn drop(&mut self) {
         let inner = &self.inner;
         let st = &self.state;
+        // The handler records UNMAP and REMAP events under `events` before
+        // it lets go of it; a munmap or mremap the program made returned
+        // only after its event was read, so once we have held the lock, the
+        // address and the holes are current.
+        drop(inner.events.lock_ok());
         let addr = st.start.load(Ordering::Acquire);
-        let _ = inner.uffd.unregister(addr, st.len as u64);
+        let mapped = st.mapped_parts();
+        // Only what is still ours: a hole's addresses may belong to another
+        // mapping now, even another region of this pager.
+        for &(a, b) in &mapped {
+            let _ = inner.uffd.unregister(addr + a as u64, (b - a) as u64);
+        }
         inner.regions.write_ok().remove(&addr);
         for f in 0..st.state.len() {
             let (lock, cv) = inner.stripe(st, f);
@@ -119,11 +165,14 @@ impl Drop for Region {
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock_ok().take() {
             std::mem::forget(m);
-            // SAFETY: [addr, addr + len) is this region's mapping at its
-            // current address (tracked through Remap events); nothing refers
-            // into it once the Region is gone.
-            let r = unsafe { rustix::mm::munmap(addr as *mut _, st.len) };
-            debug_assert!(r.is_ok(), "munmap of a region failed: {r:?}");
+            for (a, b) in mapped {
+                // SAFETY: [addr + a, addr + b) is part of this region's
+                // mapping at its current address that the program did not
+                // unmap (tracked through Remap and Unmap events); nothing
+                // refers into it once the Region is gone.
+                let r = unsafe { rustix::mm::munmap((addr as usize + a) as *mut _, b - a) };
+                debug_assert!(r.is_ok(), "munmap of a region failed: {r:?}");
+            }
         }
     }
 }
@@ -149,6 +198,7 @@ impl Pager {
             id: self.inner.next_region.fetch_add(1, Ordering::Relaxed),
             start: AtomicU64::new(addr),
             mapping: Mutex::new(Some(m)),
+            unmapped: Mutex::new(Vec::new()),
             len,
             state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
