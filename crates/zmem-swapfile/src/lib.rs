@@ -33,7 +33,7 @@ pub mod fuzz;
 pub mod slot;
 
 use std::fs::File;
-use std::io::IoSlice;
+use std::io::{IoSlice, IoSliceMut};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,6 +92,8 @@ pub struct SwapStats {
     pub pages_written: u64,
     pub write_calls: u64,
     pub pages_read: u64,
+    /// Read syscalls: one per `read`, one per run of a `read_batch`.
+    pub read_calls: u64,
     pub checksum_failures: u64,
     /// Whether the file is read and written with `O_DIRECT`.
     pub direct_io: bool,
@@ -115,6 +117,7 @@ pub struct SwapFile {
     pages_written: AtomicU64,
     write_calls: AtomicU64,
     pages_read: AtomicU64,
+    read_calls: AtomicU64,
     checksum_failures: AtomicU64,
     direct_io: bool,
     buffered: std::sync::OnceLock<File>,
@@ -125,6 +128,9 @@ pub struct SwapFile {
 fn libc_eio() -> i32 {
     rustix::io::Errno::IO.raw_os_error()
 }
+
+/// The most slots one `preadv` of `read_batch` reads.
+const MAX_READ_RUN: usize = 64;
 
 /// Turns on `O_DIRECT` for `file`; false where the filesystem refuses it.
 fn set_direct(file: &File) -> bool {
@@ -222,6 +228,7 @@ impl SwapFile {
             pages_written: AtomicU64::new(0),
             write_calls: AtomicU64::new(0),
             pages_read: AtomicU64::new(0),
+            read_calls: AtomicU64::new(0),
             checksum_failures: AtomicU64::new(0),
             direct_io,
             buffered: std::sync::OnceLock::new(),
@@ -381,9 +388,108 @@ impl SwapFile {
             c.decrypt(slot, dst);
         }
         self.pages_read.fetch_add(1, Ordering::Relaxed);
+        self.read_calls.fetch_add(1, Ordering::Relaxed);
         if crc32fast::hash(dst) != want {
             self.checksum_failures.fetch_add(1, Ordering::Relaxed);
             return Err(SwapError::Corrupt { slot });
+        }
+        Ok(())
+    }
+
+    /// Reads several slots, one `preadv` per run of neighbouring slots (a
+    /// folio written back together usually sits in one run), each checked
+    /// and decrypted as [`read`](Self::read) does. `out[i]` is the result
+    /// for `reqs[i]`.
+    pub fn read_batch(&self, reqs: &mut [(Slot, &mut [u8])]) -> Vec<Result<(), SwapError>> {
+        let mut out: Vec<Result<(), SwapError>> = (0..reqs.len()).map(|_| Ok(())).collect();
+        let mut order: Vec<usize> = Vec::with_capacity(reqs.len());
+        let mut sums = vec![0u32; reqs.len()];
+        {
+            let g = self.lock();
+            for (i, (slot, dst)) in reqs.iter().enumerate() {
+                if dst.len() != PAGE_SIZE {
+                    out[i] = Err(SwapError::BadPage { len: dst.len() });
+                } else if !g.map.in_use(*slot) {
+                    out[i] = Err(SwapError::NotInUse { slot: *slot });
+                } else {
+                    sums[i] = g.sums.get(*slot as usize).copied().unwrap_or(0);
+                    order.push(i);
+                }
+            }
+        }
+        order.sort_by_key(|&i| reqs[i].0);
+        let mut k = 0;
+        while k < order.len() {
+            let mut end = k + 1;
+            while end < order.len() && end - k < MAX_READ_RUN && reqs[order[end]].0 == reqs[order[end - 1]].0 + 1 {
+                end += 1;
+            }
+            let run = &order[k..end];
+            let first = reqs[run[0]].0;
+            let mut bounce = self.mempool.alloc_pages_bulk_array(run.len()).pages;
+            let r = if bounce.len() < run.len() {
+                Err(SwapError::BounceAlloc)
+            } else {
+                self.preadv_all(&mut bounce, first)
+            };
+            for (j, &i) in run.iter().enumerate() {
+                let slot = reqs[i].0;
+                out[i] = match &r {
+                    Err(e) => Err(match e {
+                        SwapError::Io { op, source, .. } => {
+                            SwapError::Io { op, slot, source: std::io::Error::new(source.kind(), source.to_string()) }
+                        }
+                        _ => SwapError::BounceAlloc,
+                    }),
+                    Ok(()) => {
+                        let dst = &mut *reqs[i].1;
+                        dst.copy_from_slice(bounce[j].as_slice());
+                        if let Some(c) = &self.crypt {
+                            c.decrypt(slot, dst);
+                        }
+                        self.pages_read.fetch_add(1, Ordering::Relaxed);
+                        if crc32fast::hash(dst) == sums[i] {
+                            Ok(())
+                        } else {
+                            self.checksum_failures.fetch_add(1, Ordering::Relaxed);
+                            Err(SwapError::Corrupt { slot })
+                        }
+                    }
+                };
+            }
+            self.mempool.free_pages(bounce);
+            self.read_calls.fetch_add(1, Ordering::Relaxed);
+            k = end;
+        }
+        out
+    }
+
+    fn preadv_all(&self, pages: &mut [Page], slot: Slot) -> Result<(), SwapError> {
+        let base = u64::from(slot) * PAGE_SIZE as u64;
+        let end = base + (pages.len() * PAGE_SIZE) as u64;
+        let mut off = base;
+        while off < end {
+            let idx = ((off - base) as usize) / PAGE_SIZE;
+            let within = ((off - base) as usize) % PAGE_SIZE;
+            if within > 0 {
+                // A short read ended inside a page (never with O_DIRECT).
+                self.file
+                    .read_exact_at(&mut pages[idx].as_mut_slice()[within..], off)
+                    .map_err(|source| SwapError::Io { op: "pread", slot, source })?;
+                off += (PAGE_SIZE - within) as u64;
+                continue;
+            }
+            let mut iov: Vec<IoSliceMut<'_>> =
+                pages[idx..].iter_mut().map(|p| IoSliceMut::new(p.as_mut_slice())).collect();
+            match rustix::io::preadv(&self.file, &mut iov, off) {
+                Ok(0) => {
+                    let source = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                    return Err(SwapError::Io { op: "preadv", slot, source });
+                }
+                Ok(n) => off += n as u64,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(SwapError::Io { op: "preadv", slot, source: e.into() }),
+            }
         }
         Ok(())
     }
@@ -408,6 +514,7 @@ impl SwapFile {
             pages_written: self.pages_written.load(Ordering::Relaxed),
             write_calls: self.write_calls.load(Ordering::Relaxed),
             pages_read: self.pages_read.load(Ordering::Relaxed),
+            read_calls: self.read_calls.load(Ordering::Relaxed),
             checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
             direct_io: self.direct_io,
         }

@@ -90,6 +90,80 @@ impl Tier {
         Ok(LoadOutcome::Loaded)
     }
 
+    /// Loads `dst.len() / PAGE_SIZE` pages from keys `key`, `key + 1`, ...
+    /// (a folio): as many [`load`](Self::load)s, except that the pages in
+    /// the swap file are read together, one `preadv` per run of
+    /// neighbouring slots, with no tree lock held during the I/O. `out[i]`
+    /// is page `i`'s outcome; a page that fails keeps its entry, as `load`.
+    ///
+    /// Each swap read is checked after it returns: if the key no longer
+    /// holds the same entry (invalidated, loaded, or stored again meanwhile,
+    /// so its slot may have been reused), that page is loaded again with
+    /// `load`.
+    pub fn load_many(&self, key: u64, dst: &mut [u8]) -> Vec<Result<LoadOutcome, TierError>> {
+        if dst.is_empty() || dst.len() % PAGE_SIZE != 0 {
+            return vec![Err(TierError::BadFolio { len: dst.len() })];
+        }
+        let n = dst.len() / PAGE_SIZE;
+        let mut out: Vec<Result<LoadOutcome, TierError>> = Vec::with_capacity(n);
+        // (page, slot, entry id) of the pages to read from the swap file.
+        let mut swapped = Vec::new();
+        for (i, page) in dst.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let k = key.wrapping_add(i as u64);
+            let at_swap = self.tree.lock(k).get(k).and_then(|e| match e.stored {
+                Stored::Swap { slot } => Some((slot, e.id)),
+                _ => None,
+            });
+            match at_swap {
+                Some((slot, id)) if self.swap.is_some() => {
+                    swapped.push((i, slot, id));
+                    out.push(Ok(LoadOutcome::Loaded));
+                }
+                _ => out.push(self.load(k, page)),
+            }
+        }
+        if swapped.is_empty() {
+            return out;
+        }
+        let sf = self.swap.as_ref().expect("checked above");
+        let mut pages: Vec<Option<&mut [u8]>> = dst.chunks_exact_mut(PAGE_SIZE).map(Some).collect();
+        let mut reqs: Vec<(zmem_swapfile::Slot, &mut [u8])> =
+            swapped.iter().map(|&(i, slot, _)| (slot, pages[i].take().expect("each page once"))).collect();
+        let results = sf.read_batch(&mut reqs);
+        let mut again = Vec::new();
+        for ((&(i, slot, id), r), (_, page)) in swapped.iter().zip(results).zip(reqs) {
+            let k = key.wrapping_add(i as u64);
+            let mut shard = self.tree.lock(k);
+            let same = shard.get(k).is_some_and(|e| e.id == id && e.stored == (Stored::Swap { slot }));
+            if !same {
+                drop(shard);
+                again.push((i, page));
+                continue;
+            }
+            if let Err(source) = r {
+                inc(&self.counters.decompress_fail, 1);
+                out[i] = Err(TierError::Swap { key: k, source });
+                continue;
+            }
+            inc(&self.counters.zswpin, 1);
+            let dropped = if self.cfg.exclusive_loads {
+                let e = shard.remove(k).expect("looked up under the same lock");
+                self.release(&mut shard, e)
+            } else {
+                if let Some(e) = shard.get_mut(k) {
+                    e.referenced = true;
+                }
+                None
+            };
+            drop(shard);
+            drop(dropped);
+        }
+        for (i, page) in again {
+            out[i] = self.load(key.wrapping_add(i as u64), page);
+        }
+        out
+    }
+
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
         let mut shard = self.tree.lock(key);

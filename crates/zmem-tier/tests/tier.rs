@@ -418,3 +418,71 @@ fn non_exclusive_loads_keep_the_entry_and_give_it_a_second_chance() {
     assert_eq!(t.stats().zswpin, 5);
     assert!(t.invalidate(40) && !t.invalidate(40));
 }
+
+/// `load_many` gives what page-by-page loads give for folios spread over
+/// same-filled markers, the pool and the swap file, reads the swap file in
+/// runs, and stays right while another thread invalidates and stores the
+/// same keys again (its slot-reuse check).
+#[test]
+fn load_many_matches_load_and_reads_the_swap_file_in_runs() {
+    let limit = 64 * PAGE_SIZE;
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(limit, true) }).unwrap();
+    let folio = 16usize;
+    let folios = 64u64;
+    let page_of = move |f: u64, i: usize| -> Vec<u8> {
+        if i % 5 == 0 {
+            vec![(f as u8).wrapping_add(i as u8); PAGE_SIZE] // same-filled
+        } else {
+            corpus().page((f as usize * folio + i) % corpus().len()).to_vec()
+        }
+    };
+    for f in 0..folios {
+        let data: Vec<u8> = (0..folio).flat_map(|i| page_of(f, i)).collect();
+        assert!(matches!(t.store(f * 1000, &data).unwrap(), StoreOutcome::Stored { .. }));
+    }
+    assert!(t.stats().written_back_pages > 0, "{:?}", t.stats());
+    let calls0 = t.swap_file().unwrap().stats().read_calls;
+    let mut swapped_pages = 0;
+    for f in 0..folios {
+        swapped_pages += (0..folio)
+            .filter(|&i| matches!(t.lookup(f * 1000 + i as u64), Some(Stored::Swap { .. })))
+            .count();
+        let mut buf = vec![0u8; folio * PAGE_SIZE];
+        for (i, r) in t.load_many(f * 1000, &mut buf).into_iter().enumerate() {
+            assert_eq!(r.unwrap(), LoadOutcome::Loaded, "folio {f} page {i}");
+            assert!(buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE] == page_of(f, i)[..], "folio {f} page {i}");
+        }
+    }
+    let calls = t.swap_file().unwrap().stats().read_calls - calls0;
+    assert!(swapped_pages > 0 && (calls as usize) < swapped_pages, "{calls} reads for {swapped_pages} pages");
+    // Racing invalidations and new stores of the same keys: every page read
+    // is either the old or the new version, never another page's bytes.
+    let t = std::sync::Arc::new(t);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (t, stop) = (std::sync::Arc::clone(&t), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut f = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let k = (f % folios) * 1000;
+                for i in 0..folio as u64 {
+                    t.invalidate(k + i);
+                }
+                let data: Vec<u8> = (0..folio).flat_map(|i| page_of(f % folios, i)).collect();
+                let _ = t.store(k, &data).unwrap();
+                f += 7;
+            }
+        })
+    };
+    for round in 0..200u64 {
+        let f = round % folios;
+        let mut buf = vec![0u8; folio * PAGE_SIZE];
+        for (i, r) in t.load_many(f * 1000, &mut buf).into_iter().enumerate() {
+            if r.unwrap() == LoadOutcome::Loaded {
+                assert!(buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE] == page_of(f, i)[..], "folio {f} page {i}");
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+}

@@ -129,8 +129,10 @@ impl Inner {
                 bounce.fill(0);
                 let ppf = bounce.len() / PAGE_SIZE;
                 let mut bad = vec![false; ppf];
-                for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                    match self.tier.load(st.key(f * ppf + i), page) {
+                // One call for the folio: its pages in the swap file are
+                // read together (one preadv per run of slots).
+                for (i, r) in self.tier.load_many(st.key(f * ppf), bounce).into_iter().enumerate() {
+                    match r {
                         Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
                         Err(e) => {
                             // Never hand the program wrong data: the
