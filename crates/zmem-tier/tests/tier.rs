@@ -444,9 +444,8 @@ fn load_many_matches_load_and_reads_the_swap_file_in_runs() {
     let calls0 = t.swap_file().unwrap().stats().read_calls;
     let mut swapped_pages = 0;
     for f in 0..folios {
-        swapped_pages += (0..folio)
-            .filter(|&i| matches!(t.lookup(f * 1000 + i as u64), Some(Stored::Swap { .. })))
-            .count();
+        swapped_pages +=
+            (0..folio).filter(|&i| matches!(t.lookup(f * 1000 + i as u64), Some(Stored::Swap { .. }))).count();
         let mut buf = vec![0u8; folio * PAGE_SIZE];
         for (i, r) in t.load_many(f * 1000, &mut buf).into_iter().enumerate() {
             assert_eq!(r.unwrap(), LoadOutcome::Loaded, "folio {f} page {i}");
