@@ -117,9 +117,7 @@ impl Inner {
                 return Served::Busy;
             }
             Folio::Never => {
-                // SAFETY: the folio lies in our registered region, reached
-                // only through atomics and the kernel.
-                if let Err(UffdError::Again { .. }) = unsafe { self.uffd.zeropage(folio_addr, fs, false) } {
+                if let Err(UffdError::Again { .. }) = st.zero_fill(&self.uffd, folio_addr, fs) {
                     return Served::Again;
                 }
                 self.became_resident(&st, f);
@@ -148,7 +146,7 @@ impl Inner {
                     }
                 }
                 let holes = st.holes_in(f * ppf, ppf);
-                if self.copy_folio(folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
+                if self.copy_folio(&st, folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
                     // Nothing is lost: the entries are still in the tier.
                     return Served::Again;
                 }
@@ -160,8 +158,7 @@ impl Inner {
             }
             _ => {
                 // A page the program dropped from a resident folio.
-                // SAFETY: as above.
-                let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
+                let r = st.zero_fill(&self.uffd, addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64);
                 if let Err(UffdError::Again { .. }) = r {
                     return Served::Again;
                 }
@@ -177,7 +174,7 @@ impl Inner {
     /// and poisons the `bad` pages (or zero-fills them where the kernel
     /// lacks UFFDIO_POISON). On `Again`, what was done stays (a retry steps
     /// over it).
-    fn copy_folio(&self, dst: u64, src: &[u8], bad: &[bool], holes: Option<&[bool]>) -> Served {
+    fn copy_folio(&self, st: &RegionState, dst: u64, src: &[u8], bad: &[bool], holes: Option<&[bool]>) -> Served {
         let ppf = src.len() / PAGE_SIZE;
         let hole = |p: usize| holes.is_some_and(|h| h[p]);
         let mut p = 0;
@@ -197,7 +194,7 @@ impl Inner {
                     Ok(_) => Served::Done,
                 }
             } else {
-                self.copy_run(a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE])
+                self.copy_run(st, a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE])
             };
             if r == Served::Again {
                 return r;
@@ -207,15 +204,11 @@ impl Inner {
         Served::Done
     }
 
-    fn copy_run(&self, dst: u64, src: &[u8]) -> Served {
+    fn copy_run(&self, st: &RegionState, dst: u64, src: &[u8]) -> Served {
         let mut off = 0u64;
         let len = src.len() as u64;
         while off < len {
-            // SAFETY: src is our bounce buffer; dst lies in a registered
-            // region reached only through atomics and the kernel.
-            let n =
-                unsafe { self.uffd.copy_wp(dst + off, src[off as usize..].as_ptr(), len - off, false, self.tracking) };
-            match n {
+            match st.copy_in(&self.uffd, dst + off, &src[off as usize..], self.tracking) {
                 Ok(n) if n == len - off => break,
                 // Stopped at a page that is present: step over it.
                 Ok(n) => off += n + PAGE_SIZE as u64,

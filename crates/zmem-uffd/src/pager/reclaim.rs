@@ -214,10 +214,7 @@ impl Inner {
             let run_end = (off..fs).step_by(PAGE_SIZE).find(|&o| hole(o)).unwrap_or(fs);
             // Read the address each time: a REMAP may move the region.
             let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
-            // SAFETY: src lies in a registered region (or a range it left,
-            // which then fails) and dst in our registered staging area;
-            // neither is covered by a reference.
-            match unsafe { self.uffd.move_until_hole(dst + off, src + off, run_end - off) } {
+            match st.move_out(&self.uffd, src + off, dst + off, run_end - off) {
                 Ok(n) => {
                     present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
                     // A hole (or the end) follows what moved.

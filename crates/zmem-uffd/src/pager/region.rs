@@ -7,6 +7,7 @@ use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use super::{Folio, Inner, Pager, PagerError};
 use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::sys::{Uffd, UffdError};
 
 /// A region's bookkeeping: 3 bytes per folio.
 #[derive(Debug)]
@@ -38,6 +39,49 @@ impl RegionState {
 
     pub(super) fn set_folio(&self, f: usize, s: Folio) {
         self.state[f].store(s as u8, Ordering::Release);
+    }
+
+    /// `[addr, addr + len)` lies inside the region where it is now, or
+    /// EINVAL (a REMAP moved it between the caller's look and this one:
+    /// the caller treats it as any failed ioctl).
+    fn check(&self, op: &'static str, addr: u64, len: u64) -> Result<(), UffdError> {
+        let s = self.start.load(Ordering::Acquire);
+        if addr >= s && addr + len <= s + self.len as u64 {
+            Ok(())
+        } else {
+            Err(UffdError::Ioctl { op, addr, len, errno: rustix::io::Errno::INVAL })
+        }
+    }
+
+    /// `UFFDIO_ZEROPAGE` over `[addr, addr + len)` of this region.
+    pub(super) fn zero_fill(&self, uffd: &Uffd, addr: u64, len: u64) -> Result<u64, UffdError> {
+        self.check("UFFDIO_ZEROPAGE", addr, len)?;
+        // SAFETY: the range lay in this region, registered with `uffd`,
+        // when checked; only a REMAP completed since could have moved it,
+        // and then the ioctl fails or meets another range registered with
+        // `uffd`. No Rust reference covers any of them (their bytes are
+        // reached only through atomics and the kernel).
+        unsafe { uffd.zeropage(addr, len, false) }
+    }
+
+    /// `UFFDIO_COPY` of `src` to `dst` in this region (write-protected when
+    /// `wp`, for write tracking).
+    pub(super) fn copy_in(&self, uffd: &Uffd, dst: u64, src: &[u8], wp: bool) -> Result<u64, UffdError> {
+        self.check("UFFDIO_COPY", dst, src.len() as u64)?;
+        // SAFETY: 1. src is a live slice of src.len() bytes; 2. the
+        // destination lies in this region (checked), reached only through
+        // atomics and the kernel.
+        unsafe { uffd.copy_wp(dst, src.as_ptr(), src.len() as u64, false, wp) }
+    }
+
+    /// `UFFDIO_MOVE` of `[src, src + len)` of this region to `dst` in the
+    /// caller's staging area, stopping at the first hole.
+    pub(super) fn move_out(&self, uffd: &Uffd, src: u64, dst: u64, len: u64) -> Result<u64, UffdError> {
+        self.check("UFFDIO_MOVE", src, len)?;
+        // SAFETY: the source lies in this region (checked) and the
+        // destination in the reclaim thread's staging area (its caller's
+        // contract); no Rust reference covers either.
+        unsafe { uffd.move_until_hole(dst, src, len) }
     }
 
     /// Which of pages `[first, first + n)` the program unmapped, or `None`
