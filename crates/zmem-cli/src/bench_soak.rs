@@ -1,7 +1,8 @@
 //! `zmem bench soak`: threads read and write, verifying every page, a
 //! managed region several times the limit, while another thread maps,
 //! fills, partly unmaps, mremaps and drops regions of its own, switches the
-//! compressor, and injects codec failures and swap-file write errors.
+//! compressor, and injects codec failures, pool allocation failures, and
+//! swap-file write errors (EIO and ENOSPC).
 //!
 //! It prints the verified page-touches, mismatches and hangs. A hang is a
 //! worker that makes no progress for `--hang-secs` (a fault nobody serves):
@@ -232,6 +233,7 @@ pub fn run(args: &Args) -> Result<()> {
         "written_back_pages": ts.written_back_pages,
         "reject_reclaim_fail": ts.reject_reclaim_fail,
         "reject_compress_fail": ts.reject_compress_fail,
+        "reject_alloc_fail": ts.reject_alloc_fail,
     });
     if args.json {
         println!("{report}");
@@ -244,13 +246,14 @@ pub fn run(args: &Args) -> Result<()> {
         );
         println!(
             "      evicted {} folios, loaded {}, {} rejected; {} pages written back, {} writeback failures, \
-             {} injected codec failures",
+             {} injected codec failures, {} allocation failures",
             ps.evicted_folios,
             ps.load_faults,
             ps.eviction_rejects,
             ts.written_back_pages,
             ts.reject_reclaim_fail,
-            ts.reject_compress_fail
+            ts.reject_compress_fail,
+            ts.reject_alloc_fail
         );
     }
     if mismatches > 0 {
@@ -285,10 +288,11 @@ fn chaos(c: &Corpus, pager: &Pager, totals: &Totals, stop: &AtomicBool) {
             }
             2 => {
                 if let Some(sf) = tier.swap_file() {
-                    sf.inject_write_errors(4);
+                    // EIO and ENOSPC in turn: writeback fails, entries stay.
+                    sf.inject_write_errors(4, round % 8 == 2);
                 }
             }
-            _ => {}
+            _ => tier.inject_alloc_failures(6),
         }
         let Ok(b) = pager.map(4 << 20) else { continue };
         let n = b.len() / PAGE_SIZE;

@@ -121,12 +121,18 @@ pub struct SwapFile {
     checksum_failures: AtomicU64,
     direct_io: bool,
     buffered: std::sync::OnceLock<File>,
-    /// Fault injection: this many of the next writes fail with EIO.
+    /// Fault injection: this many of the next writes fail, with EIO, or
+    /// with ENOSPC when `inject_enospc`.
     inject_eio: std::sync::atomic::AtomicU32,
+    inject_enospc: std::sync::atomic::AtomicBool,
 }
 
 fn libc_eio() -> i32 {
     rustix::io::Errno::IO.raw_os_error()
+}
+
+fn libc_enospc() -> i32 {
+    rustix::io::Errno::NOSPC.raw_os_error()
 }
 
 /// The most slots one `preadv` of `read_batch` reads.
@@ -233,6 +239,7 @@ impl SwapFile {
             direct_io,
             buffered: std::sync::OnceLock::new(),
             inject_eio: std::sync::atomic::AtomicU32::new(0),
+            inject_enospc: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -332,7 +339,8 @@ impl SwapFile {
 
     fn pwritev_all(&self, mut iov: Vec<IoSlice<'_>>, slot: Slot) -> Result<(), SwapError> {
         if self.inject_eio.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
-            let source = std::io::Error::from_raw_os_error(libc_eio());
+            let errno = if self.inject_enospc.load(Ordering::Relaxed) { libc_enospc() } else { libc_eio() };
+            let source = std::io::Error::from_raw_os_error(errno);
             return Err(SwapError::Io { op: "pwritev", slot, source });
         }
         let mut off = u64::from(slot) * PAGE_SIZE as u64;
@@ -535,9 +543,10 @@ impl SwapFile {
     }
 
     /// Fault injection (`zmem bench soak`, tests): the next `n` writes fail
-    /// with EIO, as a failing disk would.
+    /// with EIO, as a failing disk would, or with ENOSPC, as a full one.
     #[doc(hidden)]
-    pub fn inject_write_errors(&self, n: u32) {
+    pub fn inject_write_errors(&self, n: u32, enospc: bool) {
+        self.inject_enospc.store(enospc, Ordering::Relaxed);
         self.inject_eio.store(n, Ordering::Relaxed);
     }
 

@@ -295,6 +295,13 @@ impl Tier {
         }
     }
 
+    /// Fault injection (`zmem bench soak`): the current pool's next `n`
+    /// allocations fail, so stores are rejected with `AllocFail`.
+    #[doc(hidden)]
+    pub fn inject_alloc_failures(&self, n: u32) {
+        self.current().zs.inject_alloc_failures(n);
+    }
+
     /// The swap file, for tests that inject faults into it.
     #[doc(hidden)]
     pub fn swap_file(&self) -> Option<&SwapFile> {

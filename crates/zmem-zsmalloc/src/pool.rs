@@ -110,9 +110,19 @@ pub struct ZsPool {
     /// The same count, summed with other pools of a group (the tier's
     /// pools), updated only when a zspage comes or goes.
     group_pages: Arc<AtomicUsize>,
+    /// Fault injection: this many of the next mallocs fail as if the
+    /// mempool were exhausted.
+    inject_fail: std::sync::atomic::AtomicU32,
 }
 
 impl ZsPool {
+    /// Fault injection (`zmem bench soak`, tests): the next `n` mallocs fail
+    /// with [`ZsError::AllocFailed`], as under memory pressure.
+    #[doc(hidden)]
+    pub fn inject_alloc_failures(&self, n: u32) {
+        self.inject_fail.store(n, Ordering::Relaxed);
+    }
+
     /// # Errors
     /// [`ZsError::Config`] for a chain size outside 1..=16.
     pub fn new(cfg: ZsPoolConfig, mempool: Arc<Mempool>) -> Result<ZsPool, ZsError> {
@@ -143,7 +153,15 @@ impl ZsPool {
                 SizeClass { shape, inner: Mutex::new(ClassInner::default()) }
             })
             .collect();
-        Ok(ZsPool { table, classes, handles: HandleTable::new(), mempool, pages: AtomicUsize::new(0), group_pages })
+        Ok(ZsPool {
+            table,
+            classes,
+            handles: HandleTable::new(),
+            mempool,
+            pages: AtomicUsize::new(0),
+            group_pages,
+            inject_fail: std::sync::atomic::AtomicU32::new(0),
+        })
     }
 
     pub fn mempool(&self) -> &Arc<Mempool> {
@@ -169,6 +187,9 @@ impl ZsPool {
         if size == 0 || size > PAGE_SIZE {
             strict_assert!(false, "zs malloc of {size} bytes");
             return Err(ZsError::InvalidSize { size });
+        }
+        if self.inject_fail.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+            return Err(ZsError::AllocFailed { pages: 0 });
         }
         let ci = self.table.class_of(size);
         let shape = self.classes[ci].shape;
