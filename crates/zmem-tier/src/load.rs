@@ -3,7 +3,10 @@
 use zmem_compress::DecompressError;
 use zmem_zsmalloc::PAGE_SIZE;
 
+use std::sync::Arc;
+
 use crate::stats::inc;
+use crate::tree::Shard;
 use crate::{Entry, Pool, Stored, Tier, TierError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,16 +78,7 @@ impl Tier {
             inc(&self.counters.decompress_fail, 1);
             return Err(err);
         }
-        inc(&self.counters.zswpin, 1);
-        let dropped = if self.cfg.exclusive_loads {
-            let e = shard.remove(key).expect("looked up under the same lock");
-            self.release(&mut shard, e)
-        } else {
-            if let Some(e) = shard.get_mut(key) {
-                e.referenced = true;
-            }
-            None
-        };
+        let dropped = self.loaded(&mut shard, key);
         drop(shard);
         drop(dropped);
         Ok(LoadOutcome::Loaded)
@@ -145,16 +139,7 @@ impl Tier {
                 out[i] = Err(TierError::Swap { key: k, source });
                 continue;
             }
-            inc(&self.counters.zswpin, 1);
-            let dropped = if self.cfg.exclusive_loads {
-                let e = shard.remove(k).expect("looked up under the same lock");
-                self.release(&mut shard, e)
-            } else {
-                if let Some(e) = shard.get_mut(k) {
-                    e.referenced = true;
-                }
-                None
-            };
+            let dropped = self.loaded(&mut shard, k);
             drop(shard);
             drop(dropped);
         }
@@ -162,6 +147,23 @@ impl Tier {
             out[i] = self.load(key.wrapping_add(i as u64), page);
         }
         out
+    }
+
+    /// A page of `key` was loaded (its shard locked by the caller): count
+    /// it, then free the entry (exclusive loads) or mark it referenced.
+    /// Returns a pool whose last entry this was, for the caller to drop
+    /// after the shard lock.
+    fn loaded(&self, shard: &mut Shard<Arc<Pool>>, key: u64) -> Option<Arc<Pool>> {
+        inc(&self.counters.zswpin, 1);
+        if self.cfg.exclusive_loads {
+            let e = shard.remove(key).expect("looked up under the same lock");
+            self.release(shard, e)
+        } else {
+            if let Some(e) = shard.get_mut(key) {
+                e.referenced = true;
+            }
+            None
+        }
     }
 
     /// Drops the entry under `key`, if any.
