@@ -15,6 +15,6 @@ pub mod pager;
 pub mod sys;
 
 pub use mapping::Mapping;
-pub use pagemap::WriteTracker;
+pub use pagemap::{PageMap, WriteTracker};
 pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

@@ -1,5 +1,6 @@
-//! Write tracking with `PAGEMAP_SCAN` on `/proc/self/pagemap` (Linux 6.7):
-//! which pages of a range were written since the last scan.
+//! `/proc/self/pagemap`: write tracking with `PAGEMAP_SCAN` (Linux 6.7),
+//! which pages of a range were written since the last scan; and plain
+//! reads of page-table entries, which pages of a range are mapped.
 
 use std::os::fd::AsFd;
 use std::os::fd::OwnedFd;
@@ -8,10 +9,55 @@ use linux_raw_sys::general as uapi;
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
 
+use crate::mapping::PAGE_SIZE;
 use crate::sys::{call, UffdError};
 
 /// `PAGEMAP_SCAN`: `_IOWR('f', 16, struct pm_scan_arg)`.
 pub const PAGEMAP_SCAN: Opcode = 0xC060_6610;
+
+/// Page-table entries read from `/proc/self/pagemap`, one `u64` per page.
+#[derive(Debug)]
+pub struct PageMap {
+    fd: OwnedFd,
+}
+
+/// Pagemap entry bits: the page is present, or swapped out by the kernel.
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAP: u64 = 1 << 62;
+
+impl PageMap {
+    /// # Errors
+    /// opening `/proc/self/pagemap`.
+    pub fn open() -> Result<PageMap, UffdError> {
+        Ok(PageMap { fd: open_pagemap()? })
+    }
+
+    /// Whether each of the `n` pages from `addr` holds a page: present, or
+    /// swapped out by the kernel (not a hole, and not a uffd-wp marker).
+    /// One `pread`.
+    ///
+    /// # Errors
+    /// The read's error (a short read counts as EIO).
+    pub fn mapped(&self, addr: u64, n: usize) -> Result<Vec<bool>, UffdError> {
+        let mut raw = vec![0u8; n * 8];
+        let at = addr / PAGE_SIZE as u64 * 8;
+        let err = |errno| UffdError::Ioctl { op: "pread /proc/self/pagemap", addr, len: (n * PAGE_SIZE) as u64, errno };
+        let got = rustix::io::pread(&self.fd, &mut raw, at).map_err(err)?;
+        if got != raw.len() {
+            return Err(err(Errno::IO));
+        }
+        Ok(raw
+            .chunks_exact(8)
+            .map(|e| u64::from_ne_bytes(e.try_into().expect("8 bytes")) & (PM_PRESENT | PM_SWAP) != 0)
+            .collect())
+    }
+}
+
+fn open_pagemap() -> Result<OwnedFd, UffdError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open("/proc/self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })
+}
 
 /// Write tracking through `PAGEMAP_SCAN` on `/proc/self/pagemap`, for ranges
 /// registered in WP mode on a uffd with `WP_ASYNC`: the kernel resolves a
@@ -28,9 +74,7 @@ impl WriteTracker {
     /// # Errors
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<WriteTracker, UffdError> {
-        use rustix::fs::{Mode, OFlags};
-        let pagemap = rustix::fs::open("/proc/self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })?;
+        let pagemap = open_pagemap()?;
         Ok(WriteTracker { pagemap, buf: vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 512] })
     }
 

@@ -7,7 +7,7 @@ mod common;
 
 use common::watchdog;
 use zmem_uffd::mapping::PAGE_SIZE;
-use zmem_uffd::{Event, Features, Mapping, OpenMode, RegisterMode, Uffd};
+use zmem_uffd::{Event, Features, Mapping, OpenMode, PageMap, RegisterMode, Uffd};
 
 const MISSING: RegisterMode = RegisterMode { missing: true, wp: false };
 
@@ -125,6 +125,12 @@ fn move_takes_a_folio_away_atomically_and_brings_it_back_on_fault() {
     let moved = unsafe { u.move_pages(staging.addr(), region.addr(), len, true) }.unwrap();
     assert_eq!(moved, len, "holes count as moved");
     assert_eq!(staging.words()[5 * PAGE_SIZE / 8].load(Ordering::Relaxed), 5);
+    // The page tables say the same: staging holds the 15 pages, the hole
+    // stayed a hole, and the region is empty.
+    let pm = PageMap::open().unwrap();
+    let held = pm.mapped(staging.addr(), 16).unwrap();
+    assert_eq!(held, (0..16).map(|p| p < 15).collect::<Vec<_>>());
+    assert_eq!(pm.mapped(region.addr(), 16).unwrap(), vec![false; 16]);
     std::thread::scope(|s| {
         let handler = s.spawn(|| {
             let Event::PageFault { addr, .. } = next_event(&u) else { panic!("expected a fault") };

@@ -117,8 +117,7 @@ impl Inner {
         // (victim, slot in staging, which pages moved)
         let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
         for (st, f) in isolated {
-            let dst = staging.slot_addr(moved.len());
-            let (present, stuck) = self.move_folio(&st, f, dst);
+            let (present, stuck) = self.move_folio(&st, f, staging, moved.len());
             staging.mark(moved.len(), &present);
             if stuck && !present.contains(&true) {
                 // Nothing could move (mlocked, pinned): it stays resident,
@@ -181,7 +180,7 @@ impl Inner {
             });
         }
         if n > 0 {
-            if let Err(e) = staging.free(&self.uffd, self.register_mode(), n) {
+            if let Err(e) = staging.free(&self.uffd, self.register_mode()) {
                 log::error!("re-registering the staging area failed ({e}); reclaim stops");
                 self.stop.store(true, Ordering::Release);
             }
@@ -189,14 +188,27 @@ impl Inner {
         pass
     }
 
-    /// MOVEs folio `f` (Folio::Evicting) to `dst` in staging. Returns which pages
-    /// moved, and whether some page could not move for a reason other than
-    /// being a hole (it stays mapped).
-    pub(super) fn move_folio(&self, st: &RegionState, f: usize, dst: u64) -> (Vec<bool>, bool) {
+    /// MOVEs folio `f` (Folio::Evicting) to slot `slot` of staging. Returns
+    /// which pages moved, and whether some page could not move for a reason
+    /// other than being a hole (it stays mapped).
+    ///
+    /// The kernel's count of what moved is not the last word. Linux 6.18's
+    /// `move_pages()` keeps a stale `-EAGAIN` from a retry inside the ioctl
+    /// (a PTE that changed under it, as a concurrent write does). The next
+    /// step moves its pages, is not counted, and is retried. That retry
+    /// fails with EEXIST on the page that just moved. Trusting the count
+    /// leaves pages in staging that no entry holds, and the program later
+    /// reads zeros there. So after any MOVE that failed or came up short,
+    /// which pages moved is read from the slot's page tables: the slot was
+    /// empty before, so what it holds now is what moved.
+    pub(super) fn move_folio(&self, st: &RegionState, f: usize, staging: &Staging, slot: usize) -> (Vec<bool>, bool) {
         let fs = self.cfg.folio_size as u64;
         let ppf = fs as usize / PAGE_SIZE;
+        let dst = staging.slot_addr(slot);
         let mut present = vec![false; ppf];
-        let mut stuck = false;
+        // Pages whose MOVE failed with an error other than EAGAIN.
+        let mut failed = vec![false; ppf];
+        let mut recount = false;
         // Never MOVE from what the program unmapped: the kernel may have put
         // someone else's pages there since. Holding `events` for a moment
         // makes every UNMAP already read recorded; one not yet read fails
@@ -214,28 +226,42 @@ impl Inner {
             let run_end = (off..fs).step_by(PAGE_SIZE).find(|&o| hole(o)).unwrap_or(fs);
             // Read the address each time: a REMAP may move the region.
             let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
+            let page = off as usize / PAGE_SIZE;
             match st.move_out(&self.uffd, src + off, dst + off, run_end - off) {
                 Ok(n) => {
-                    present[off as usize / PAGE_SIZE..(off + n) as usize / PAGE_SIZE].fill(true);
+                    present[page..(off + n) as usize / PAGE_SIZE].fill(true);
                     // A hole (or the end) follows what moved.
+                    recount |= off + n < run_end;
                     off += n + PAGE_SIZE as u64;
                 }
                 // An event is unread: the handler reads it (it never waits
                 // for an Folio::Evicting folio), then the MOVE goes through.
                 Err(UffdError::Again { done }) => {
-                    present[off as usize / PAGE_SIZE..(off + done) as usize / PAGE_SIZE].fill(true);
+                    present[page..(off + done) as usize / PAGE_SIZE].fill(true);
+                    recount = true;
                     off += done;
                     std::thread::sleep(Duration::from_micros(20));
                     drop(self.events.lock_ok());
                     holes = st.holes_in(f * ppf, ppf);
                 }
-                // A page that cannot move (mlocked, shared, pinned) stays.
+                // A page that cannot move (mlocked, shared, pinned) stays;
+                // or one that moved uncounted (EEXIST), found below.
                 Err(_) => {
-                    stuck = true;
+                    failed[page] = true;
+                    recount = true;
                     off += PAGE_SIZE as u64;
                 }
             }
         }
+        if recount {
+            if let Some(occupied) = staging.occupied(slot) {
+                if occupied != present {
+                    inc(&self.counters.move_recounts);
+                }
+                present = occupied;
+            }
+        }
+        let stuck = failed.iter().zip(&present).any(|(&x, &moved)| x && !moved);
         (present, stuck)
     }
 

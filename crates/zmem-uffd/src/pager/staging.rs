@@ -6,6 +6,7 @@
 //! serve, and reclaim may hold a lock the handler waits for.
 
 use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::pagemap::PageMap;
 use crate::sys::{RegisterMode, Uffd, UffdError};
 
 #[derive(Debug)]
@@ -14,6 +15,9 @@ pub(super) struct Staging {
     folio: usize,
     /// Page `i` of the area was filled by MOVE since the last `free`.
     filled: Vec<bool>,
+    /// For [`occupied`](Self::occupied); `None` where `/proc/self/pagemap`
+    /// cannot be opened.
+    pagemap: Option<PageMap>,
 }
 
 impl Staging {
@@ -26,7 +30,17 @@ impl Staging {
     ) -> Result<Staging, super::PagerError> {
         let map = Mapping::new(folio * slots).map_err(super::PagerError::Map)?;
         uffd.register(map.addr(), map.len() as u64, mode)?;
-        Ok(Staging { filled: vec![false; map.len() / PAGE_SIZE], map, folio })
+        let pagemap = PageMap::open().map_err(|e| log::warn!("{e}: reclaim trusts UFFDIO_MOVE's byte counts")).ok();
+        Ok(Staging { filled: vec![false; map.len() / PAGE_SIZE], map, folio, pagemap })
+    }
+
+    /// Which pages of slot `slot` hold a page now, from the page tables
+    /// (one `pread` of `/proc/self/pagemap`); `None` if they cannot be read.
+    pub(super) fn occupied(&self, slot: usize) -> Option<Vec<bool>> {
+        let pm = self.pagemap.as_ref()?;
+        pm.mapped(self.slot_addr(slot), self.folio / PAGE_SIZE)
+            .map_err(|e| log::warn!("{e}: reclaim trusts UFFDIO_MOVE's byte count"))
+            .ok()
     }
 
     /// Where slot `slot` starts.
@@ -58,17 +72,18 @@ impl Staging {
         unsafe { std::slice::from_raw_parts(addr as *const u8, n * PAGE_SIZE) }
     }
 
-    /// Frees the first `slots` slots' pages. A DONTNEED of a registered
+    /// Frees the area's pages (all of it: a page MOVE left in a slot that
+    /// was not counted would fail every later MOVE there). A DONTNEED of a registered
     /// range raises a REMOVE event, and until it is read every COPY fails
     /// with EAGAIN: back to back, reclaim batches would starve faults. So
     /// the area is unregistered around it (three cheap syscalls).
     ///
     /// # Errors
     /// Registering the area again failed: reclaim cannot go on.
-    pub(super) fn free(&mut self, uffd: &Uffd, mode: RegisterMode, slots: usize) -> Result<(), UffdError> {
+    pub(super) fn free(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
         let (a, l) = (self.map.addr(), self.map.len() as u64);
         let _ = uffd.unregister(a, l);
-        let _ = self.map.dontneed(0, slots * self.folio);
+        let _ = self.map.dontneed(0, self.map.len());
         self.filled.fill(false);
         uffd.register(a, l, mode).map(|_| ())
     }

@@ -39,6 +39,10 @@ pub struct PagerStats {
     /// Pages that failed to load (a corrupt swap slot, an I/O error): they
     /// are poisoned, so the program gets SIGBUS there instead of wrong data.
     pub poisoned_pages: u64,
+    /// Folio moves where UFFDIO_MOVE's count of what moved was wrong, and
+    /// the staging slot's page tables were believed instead (a Linux 6.18
+    /// bug; see `move_folio`).
+    pub move_recounts: u64,
     /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
@@ -66,6 +70,7 @@ pub(super) struct Counters {
     pub(super) limit_soft_events: AtomicU64,
     pub(super) unevictable_folios: AtomicU64,
     pub(super) poisoned_pages: AtomicU64,
+    pub(super) move_recounts: AtomicU64,
     pub(super) write_scans: AtomicU64,
     pub(super) written_folios: AtomicU64,
 }
@@ -92,6 +97,7 @@ impl Pager {
             unevictable_folios: r(&c.unevictable_folios),
             held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
             poisoned_pages: r(&c.poisoned_pages),
+            move_recounts: r(&c.move_recounts),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
