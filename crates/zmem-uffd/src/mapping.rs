@@ -64,6 +64,16 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 
+    /// `MADV_DONTFORK`: a forked child does not inherit the mapping.
+    ///
+    /// # Errors
+    /// madvise's error.
+    pub fn dont_fork(&self) -> rustix::io::Result<()> {
+        // SAFETY: the range is our own mapping; DONTFORK changes only what a
+        // child inherits, not the memory.
+        unsafe { rustix::mm::madvise(self.ptr.as_ptr().cast(), self.len, rustix::mm::Advice::LinuxDontFork) }
+    }
+
     /// `madvise(MADV_DONTNEED)` over `[off, off + len)` of the mapping.
     ///
     /// # Errors

@@ -620,3 +620,59 @@ fn dropping_a_partly_unmapped_region_spares_what_now_lives_in_its_hole() {
     // SAFETY: our mapping, no longer referenced.
     unsafe { rustix::mm::munmap(other, (4 << 20) / 2) }.unwrap();
 }
+
+/// fork with `keep_on_fork`: the child sees exactly the parent's memory at
+/// the fork, evicted pages included; afterwards the two diverge.
+#[test]
+fn a_forked_child_sees_every_page_and_the_two_diverge() {
+    let _wd = watchdog("fork", 120);
+    let mut cfg = PagerConfig::with_limit(4 << 20);
+    cfg.keep_on_fork = true;
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    let evicted = (0..pages).step_by(16).filter(|&pg| !r.is_resident(pg * PAGE_SIZE)).count();
+    assert!(evicted > 0, "the limit evicted folios before the fork: {:?}", p.stats());
+    p.fork_prepare();
+    // SAFETY: the child only reads and writes the region through atomics
+    // and leaves with _exit; it never touches the pager.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let mut bad = 0;
+        for pg in 0..pages {
+            bad += check_page(&r, pg, 1);
+            write_page(&r, pg, 7);
+            bad += check_page(&r, pg, 7);
+        }
+        // SAFETY: leaves the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(i32::from(bad != 0)) };
+    }
+    p.fork_parent();
+    // The parent goes on, under its limit, while the child checks.
+    for pg in (0..pages).step_by(3) {
+        write_page(&r, pg, 2);
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw wrong data: {status:#x}");
+    for pg in 0..pages {
+        assert_eq!(check_page(&r, pg, if pg % 3 == 0 { 2 } else { 1 }), 0, "page {pg}");
+    }
+    // Pages the fork left shared are the parent's own again (copy on write
+    // broken), so the limit holds once more.
+    p.reclaim_now();
+    let s = p.stats();
+    assert!(s.fork_loads > 0, "{s:?}");
+    // Each folio the fork left shared is given back once, not retried.
+    assert!(s.cow_breaks > 0 && s.cow_breaks < (pages / 16 * 3 / 2) as u64, "{s:?}");
+    assert!(!s.limit_soft && s.usage_bytes <= (5 << 20), "the limit holds after the fork: {s:?}");
+    for pg in 0..pages {
+        assert_eq!(check_page(&r, pg, if pg % 3 == 0 { 2 } else { 1 }), 0, "page {pg} after reclaim");
+    }
+}

@@ -40,6 +40,9 @@ impl Inner {
     /// limit wait for it a little (direct reclaim, bounded), unless the
     /// limit is soft.
     pub(super) fn throttle(&self) {
+        if self.frozen.load(Ordering::Acquire) {
+            return; // a fork is being prepared: reclaim waits for it
+        }
         if self.usage() > self.high() {
             self.kick_reclaim();
         }

@@ -51,6 +51,11 @@ pub struct PagerConfig {
     /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
     /// referenced only when it is faulted in.
     pub track_writes: bool,
+    /// A forked child inherits the regions (whole: see
+    /// [`Pager::fork_prepare`](crate::Pager::fork_prepare), which the caller
+    /// must run before every fork). Off: regions are `MADV_DONTFORK`, and
+    /// a child that touches one gets SIGSEGV.
+    pub keep_on_fork: bool,
     /// Run first on every thread the pager starts (the LD_PRELOAD shim marks
     /// its internal threads with it, so their allocations stay unmanaged).
     pub thread_init: Option<fn()>,
@@ -75,6 +80,7 @@ impl PagerConfig {
             handler_spin: Duration::ZERO,
             handler_cpus: Vec::new(),
             track_writes: true,
+            keep_on_fork: false,
             thread_init: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
         }

@@ -15,7 +15,7 @@ use crate::sys::{Event, UffdError};
 
 /// What became of a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Served {
+pub(super) enum Served {
     Done,
     /// An event is unread (EAGAIN): read events, then try again.
     Again,
@@ -124,37 +124,9 @@ impl Inner {
                 inc(&self.counters.zero_faults);
             }
             Folio::Evicted => {
-                bounce.fill(0);
-                let ppf = bounce.len() / PAGE_SIZE;
-                let mut bad = vec![false; ppf];
-                // One call for the folio: its pages in the swap file are
-                // read together (one preadv per run of slots).
-                for (i, r) in self.tier.load_many(st.key(f * ppf), bounce).into_iter().enumerate() {
-                    match r {
-                        Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
-                        Err(e) => {
-                            // Never hand the program wrong data: the
-                            // page is poisoned below (SIGBUS on touch).
-                            log::error!("page {} of a region failed to load: {e}", f * ppf + i);
-                            bad[i] = true;
-                        }
-                    }
-                }
-                if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
-                    for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
-                        page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-                    }
-                }
-                let holes = st.holes_in(f * ppf, ppf);
-                if self.copy_folio(&st, folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
-                    // Nothing is lost: the entries are still in the tier.
+                if self.load_evicted(&st, f, bounce) == Served::Again {
                     return Served::Again;
                 }
-                let nbad = bad.iter().filter(|&&b| b).count() as u64;
-                self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
-                self.invalidate_folio(&st, f);
-                self.became_resident(&st, f);
-                inc(&self.counters.load_faults);
             }
             _ => {
                 // A page the program dropped from a resident folio.
@@ -167,6 +139,46 @@ impl Inner {
         }
         drop(g);
         self.throttle();
+        Served::Done
+    }
+
+    /// Loads Evicted folio `f` of `st` back into the program (the caller
+    /// holds its stripe lock): its pages from the tier in one call, then
+    /// COPY; a page that fails to load is poisoned. On `Again` nothing is
+    /// lost: the entries stay in the tier until a COPY succeeds.
+    pub(super) fn load_evicted(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8]) -> Served {
+        let folio_addr = st.start.load(Ordering::Acquire) + (f * bounce.len()) as u64;
+        bounce.fill(0);
+        let ppf = bounce.len() / PAGE_SIZE;
+        let mut bad = vec![false; ppf];
+        // One call for the folio: its pages in the swap file are
+        // read together (one preadv per run of slots).
+        for (i, r) in self.tier.load_many(st.key(f * ppf), bounce).into_iter().enumerate() {
+            match r {
+                Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
+                Err(e) => {
+                    // Never hand the program wrong data: the
+                    // page is poisoned below (SIGBUS on touch).
+                    log::error!("page {} of a region failed to load: {e}", f * ppf + i);
+                    bad[i] = true;
+                }
+            }
+        }
+        if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
+            for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
+                page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+            }
+        }
+        let holes = st.holes_in(f * ppf, ppf);
+        if self.copy_folio(st, folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
+            // Nothing is lost: the entries are still in the tier.
+            return Served::Again;
+        }
+        let nbad = bad.iter().filter(|&&b| b).count() as u64;
+        self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
+        self.invalidate_folio(st, f);
+        self.became_resident(st, f);
+        inc(&self.counters.load_faults);
         Served::Done
     }
 

@@ -65,8 +65,9 @@
 //!   evictor drops their entries when it finishes.
 //! - `mremap` of a whole region (REMAP): entries are keyed by (region, page),
 //!   so the region just moves; partial remaps of a region are not supported.
-//! - fork: regions are `MADV_DONTFORK`: a child does not inherit them, and
-//!   touching one there is a SIGSEGV, never silently wrong data.
+//! - fork: by default regions are `MADV_DONTFORK`: a child does not inherit
+//!   them, and touching one there is a SIGSEGV, never silently wrong data.
+//!   With `keep_on_fork` the child inherits them whole (see `fork.rs`).
 //!
 //! # Deadlock avoidance: the handler never waits for reclaim
 //! `madvise`, `munmap` and `mremap` of a registered range wait until the
@@ -87,6 +88,7 @@ mod accounting;
 mod config;
 mod events;
 mod fault;
+mod fork;
 mod lru;
 mod reclaim;
 mod region;
@@ -176,6 +178,12 @@ struct Inner {
     soft: AtomicBool,
     /// UFFDIO_POISON is available for pages that fail to load.
     poison: bool,
+    /// A fork is being prepared: reclaim isolates nothing, faults do not
+    /// wait for it (see `fork.rs`).
+    frozen: AtomicBool,
+    /// Held by reclaim over a run of passes, so `fork_prepare` can wait for
+    /// the one in flight.
+    reclaim_gate: Mutex<()>,
 }
 
 /// A rejected folio's pages (`present[p]`: page `p` is in `data`).
@@ -265,6 +273,8 @@ impl Pager {
             events: Mutex::new(()),
             soft: AtomicBool::new(false),
             poison,
+            frozen: AtomicBool::new(false),
+            reclaim_gate: Mutex::new(()),
             uffd,
             tier,
             cfg,

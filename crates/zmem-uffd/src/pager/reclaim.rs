@@ -48,8 +48,10 @@ impl Inner {
             if self.usage() <= self.cfg.limit {
                 self.soft.store(false, Ordering::Relaxed);
             }
-            if self.usage() > self.high() && Instant::now() >= retry_at {
-                while self.usage() > self.low() {
+            let gate = self.reclaim_gate.lock_ok();
+            let frozen = || self.frozen.load(Ordering::Acquire);
+            if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
+                while self.usage() > self.low() && !frozen() {
                     let pass = self.evict_batch(&mut staging, tracker.as_mut());
                     self.reclaimed.1.notify_all();
                     if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
@@ -85,6 +87,7 @@ impl Inner {
                     break;
                 }
             }
+            drop(gate);
             self.reclaimed.1.notify_all();
         }
     }
@@ -116,16 +119,24 @@ impl Inner {
         }
         // (victim, slot in staging, which pages moved)
         let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
+        // Folios whose pages are shared with a forked child.
+        let mut shared = Vec::new();
         for (st, f) in isolated {
-            let (present, stuck) = self.move_folio(&st, f, staging, moved.len());
+            let m = self.move_folio(&st, f, staging, moved.len());
+            let (present, stuck) = (m.present, m.stuck);
             staging.mark(moved.len(), &present);
             if stuck && !present.contains(&true) {
-                // Nothing could move (mlocked, pinned): it stays resident,
-                // and is looked at again only after a trip round the lists.
+                // Nothing could move (mlocked, pinned, shared): it stays
+                // resident.
                 self.finish(&st, f, |_| {
                     st.set_folio(f, Folio::Resident);
                     self.resident.fetch_add(1, Ordering::Relaxed);
                 });
+                if m.shared {
+                    shared.push((st, f));
+                    continue;
+                }
+                // Looked at again only after a trip round the lists.
                 // Off the lists (as the kernel's unevictable LRU) until
                 // reclaim looks again, now and then: it may be unlocked.
                 st.queued[f].store(true, Ordering::Release);
@@ -185,12 +196,42 @@ impl Inner {
                 self.stop.store(true, Ordering::Release);
             }
         }
+        for (st, f) in shared {
+            self.break_cow(&st, f, staging);
+            pass.unevictable += 1;
+        }
         pass
     }
 
-    /// MOVEs folio `f` (Folio::Evicting) to slot `slot` of staging. Returns
-    /// which pages moved, and whether some page could not move for a reason
-    /// other than being a hole (it stays mapped).
+    /// Folio `f` (Resident) could not move because its pages are shared
+    /// with a forked child (UFFDIO_MOVE wants exclusive pages: EBUSY). A
+    /// write would give the parent its own copy, or take the page back as
+    /// exclusive once the child is gone; `MADV_POPULATE_WRITE` does what
+    /// the write would to the page tables, without touching the data, and
+    /// fails (rather than faulting) where the program unmapped the range
+    /// meanwhile. The folio then goes back on the lists, to move next time.
+    fn break_cow(&self, st: &Arc<RegionState>, f: usize, staging: &Staging) {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
+        // Present pages only: populating a page the program dropped would
+        // bring it back as zeros and count against the limit.
+        let mapped = staging.mapped(src, ppf).unwrap_or_else(|| vec![true; ppf]);
+        for (p, n) in page_runs(&mapped) {
+            let (addr, len) = (src + (p * PAGE_SIZE) as u64, n * PAGE_SIZE);
+            // SAFETY: POPULATE_WRITE changes page tables (breaking copy on
+            // write), never the bytes of the range; a range unmapped
+            // meanwhile fails with ENOMEM.
+            let r = unsafe { rustix::mm::madvise(addr as *mut _, len, rustix::mm::Advice::LinuxPopulateWrite) };
+            if let Err(e) = r {
+                log::debug!("MADV_POPULATE_WRITE of a shared folio: {e}");
+            }
+        }
+        inc(&self.counters.cow_breaks);
+        self.lru_add(st, f);
+    }
+
+    /// MOVEs folio `f` (Folio::Evicting) to slot `slot` of staging.
     ///
     /// The kernel's count of what moved is not the last word. Linux 6.18's
     /// `move_pages()` keeps a stale `-EAGAIN` from a retry inside the ioctl
@@ -201,13 +242,14 @@ impl Inner {
     /// reads zeros there. So after any MOVE that failed or came up short,
     /// which pages moved is read from the slot's page tables: the slot was
     /// empty before, so what it holds now is what moved.
-    pub(super) fn move_folio(&self, st: &RegionState, f: usize, staging: &Staging, slot: usize) -> (Vec<bool>, bool) {
+    pub(super) fn move_folio(&self, st: &RegionState, f: usize, staging: &Staging, slot: usize) -> Moved {
         let fs = self.cfg.folio_size as u64;
         let ppf = fs as usize / PAGE_SIZE;
         let dst = staging.slot_addr(slot);
         let mut present = vec![false; ppf];
         // Pages whose MOVE failed with an error other than EAGAIN.
         let mut failed = vec![false; ppf];
+        let mut shared = false;
         let mut recount = false;
         // Never MOVE from what the program unmapped: the kernel may have put
         // someone else's pages there since. Holding `events` for a moment
@@ -246,7 +288,8 @@ impl Inner {
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays;
                 // or one that moved uncounted (EEXIST), found below.
-                Err(_) => {
+                Err(e) => {
+                    shared |= matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::BUSY, .. });
                     failed[page] = true;
                     recount = true;
                     off += PAGE_SIZE as u64;
@@ -262,7 +305,7 @@ impl Inner {
             }
         }
         let stuck = failed.iter().zip(&present).any(|(&x, &moved)| x && !moved);
-        (present, stuck)
+        Moved { present, stuck, shared }
     }
 
     /// Ends an eviction of folio `f` under its stripe lock: `done` gets the
@@ -281,6 +324,17 @@ impl Inner {
         cv.notify_all();
         drop(g);
     }
+}
+
+/// What [`Inner::move_folio`] did.
+pub(super) struct Moved {
+    /// The pages that moved.
+    pub(super) present: Vec<bool>,
+    /// Some page could not move for a reason other than being a hole (it
+    /// stays mapped).
+    pub(super) stuck: bool,
+    /// Some page could not move because it is shared (EBUSY: after fork).
+    pub(super) shared: bool,
 }
 
 /// The runs of `true` in `present`, as (first page, pages).

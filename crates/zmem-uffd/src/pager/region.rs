@@ -231,10 +231,9 @@ impl Pager {
         let len = len.max(1).div_ceil(fs) * fs;
         let m = Mapping::new(len).map_err(PagerError::Map)?;
         let addr = m.addr();
-        let advice = rustix::mm::Advice::LinuxDontFork;
-        // SAFETY: the range is our fresh mapping; DONTFORK changes only what
-        // a child inherits.
-        unsafe { rustix::mm::madvise(addr as *mut _, len, advice) }.map_err(PagerError::Map)?;
+        if !self.inner.cfg.keep_on_fork {
+            m.dont_fork().map_err(PagerError::Map)?;
+        }
         self.inner.uffd.register(addr, len as u64, self.inner.register_mode())?;
         let nf = len / fs;
         self.inner.tables.fetch_add(nf * 3, Ordering::Relaxed);

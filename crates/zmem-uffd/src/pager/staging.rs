@@ -29,9 +29,17 @@ impl Staging {
         slots: usize,
     ) -> Result<Staging, super::PagerError> {
         let map = Mapping::new(folio * slots).map_err(super::PagerError::Map)?;
+        // A child never reclaims: it need not copy staging.
+        map.dont_fork().map_err(super::PagerError::Map)?;
         uffd.register(map.addr(), map.len() as u64, mode)?;
         let pagemap = PageMap::open().map_err(|e| log::warn!("{e}: reclaim trusts UFFDIO_MOVE's byte counts")).ok();
         Ok(Staging { filled: vec![false; map.len() / PAGE_SIZE], map, folio, pagemap })
+    }
+
+    /// Which of the `n` pages from `addr` (anywhere) hold a page now, or
+    /// `None` if the page tables cannot be read.
+    pub(super) fn mapped(&self, addr: u64, n: usize) -> Option<Vec<bool>> {
+        self.pagemap.as_ref()?.mapped(addr, n).ok()
     }
 
     /// Which pages of slot `slot` hold a page now, from the page tables

@@ -43,6 +43,11 @@ pub struct PagerStats {
     /// the staging slot's page tables were believed instead (a Linux 6.18
     /// bug; see `move_folio`).
     pub move_recounts: u64,
+    /// Folios loaded back before a fork, so that the child's copy is whole.
+    pub fork_loads: u64,
+    /// Folios that could not move because a forked child shares their
+    /// pages, given their own copy (`MADV_POPULATE_WRITE`) to move later.
+    pub cow_breaks: u64,
     /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
@@ -71,6 +76,8 @@ pub(super) struct Counters {
     pub(super) unevictable_folios: AtomicU64,
     pub(super) poisoned_pages: AtomicU64,
     pub(super) move_recounts: AtomicU64,
+    pub(super) fork_loads: AtomicU64,
+    pub(super) cow_breaks: AtomicU64,
     pub(super) write_scans: AtomicU64,
     pub(super) written_folios: AtomicU64,
 }
@@ -98,6 +105,8 @@ impl Pager {
             held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
             poisoned_pages: r(&c.poisoned_pages),
             move_recounts: r(&c.move_recounts),
+            fork_loads: r(&c.fork_loads),
+            cow_breaks: r(&c.cow_breaks),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,

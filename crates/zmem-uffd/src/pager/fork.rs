@@ -1,0 +1,71 @@
+//! fork: with [`PagerConfig::keep_on_fork`](super::PagerConfig), a child
+//! inherits the regions and sees exactly the parent's memory at the moment
+//! of fork; afterwards the two diverge, and neither loses a page.
+//!
+//! A child has no userfaultfd registration (the kernel clears it, as the
+//! pager does not ask for `UFFD_FEATURE_EVENT_FORK`) and none of the
+//! pager's threads: a page that is evicted at fork would read as zeros
+//! there. So [`Pager::fork_prepare`], run just before fork (the prepare
+//! step of `pthread_atfork`):
+//! 1. freezes reclaim: it waits for the pass in flight, and no folio is
+//!    isolated until [`Pager::fork_parent`];
+//! 2. loads every Evicted folio back into the program, as a fault would,
+//!    so that the child's copy is whole. Usage may pass the limit until
+//!    `fork_parent` lets reclaim run again.
+//!
+//! In the child the regions are plain memory of the child's own. It must
+//! not use the pager, whose threads live only in the parent.
+//!
+//! After fork the parent's pages are shared with the child until one of
+//! them writes: UFFDIO_MOVE refuses shared pages (EBUSY), so reclaim sets
+//! such folios aside as unevictable (`unevictable_folios`) while the child
+//! keeps them shared.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use zmem_common::{LockExt, RwLockExt};
+
+use super::fault::Served;
+use super::stats::inc;
+use super::{Folio, Pager};
+
+impl Pager {
+    /// Makes the regions' memory whole in the program, for a fork: freezes
+    /// reclaim and loads every evicted folio back. Call it right before
+    /// `fork`, with no region being dropped meanwhile, and
+    /// [`fork_parent`](Self::fork_parent) after it in the parent.
+    pub fn fork_prepare(&self) {
+        let inner = &self.inner;
+        inner.frozen.store(true, Ordering::Release);
+        // The pass in flight ends at its next batch; no new one starts.
+        drop(inner.reclaim_gate.lock_ok());
+        let regions: Vec<_> = inner.regions.read_ok().values().cloned().collect();
+        let mut bounce = vec![0u8; inner.cfg.folio_size];
+        for st in regions {
+            for f in 0..st.state.len() {
+                loop {
+                    let (lock, _) = inner.stripe(&st, f);
+                    let g = lock.lock_ok();
+                    if st.folio(f) != Folio::Evicted {
+                        break;
+                    }
+                    let r = inner.load_evicted(&st, f, &mut bounce);
+                    drop(g);
+                    if r != Served::Again {
+                        inc(&inner.counters.fork_loads);
+                        break;
+                    }
+                    // An event is unread: the handler reads it, then the
+                    // COPY goes through.
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+    }
+
+    /// After a fork, in the parent: reclaim runs again.
+    pub fn fork_parent(&self) {
+        self.inner.frozen.store(false, Ordering::Release);
+        self.inner.kick_reclaim();
+    }
+}
