@@ -111,6 +111,64 @@ fn python_allocating_4x_its_limit_reads_everything_back() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok 128"), "{}", text(&o));
 }
 
+/// fork three ways: a child that checks and changes its copy, a
+/// multiprocessing pool (fork) reading the parent's blocks, and a daemon
+/// that double-forks and checks everything after its first parent exited.
+const PY_FORK: &str = r#"
+import hashlib, os, sys, time, multiprocessing as mp
+mib = int(sys.argv[1])
+text = b''.join(hashlib.sha256(i.to_bytes(4, 'little')).hexdigest().encode() for i in range(16384))
+blocks = []
+for i in range(mib):
+    b = bytearray(text)
+    b[:8] = i.to_bytes(8, 'little')
+    blocks.append(b)
+def check(i):
+    return blocks[i][:8] == i.to_bytes(8, 'little') and blocks[i][8:] == text[8:]
+pid = os.fork()
+if pid == 0:
+    ok = all(check(i) for i in range(mib))
+    for b in blocks:
+        b[8:16] = b'childxxx'
+    ok = ok and all(b[8:16] == b'childxxx' for b in blocks)
+    os._exit(0 if ok else 3)
+for b in blocks[::2]:
+    b[16:24] = b'parentxx'
+_, st = os.waitpid(pid, 0)
+assert st == 0, ('child', st)
+for i, b in enumerate(blocks):
+    b[16:24] = text[16:24]
+    assert check(i), ('parent', i)
+with mp.get_context('fork').Pool(2) as pool:
+    assert all(pool.map(check, range(mib), chunksize=8)), 'pool'
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    if os.fork() == 0:
+        os.close(r)
+        time.sleep(0.3)
+        os.write(w, b'ok' if os.getppid() != pid and all(check(i) for i in range(mib)) else b'bad')
+        os._exit(0)
+    os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+got = os.read(r, 8)
+assert got == b'ok', got
+print("fork ok", mib)
+"#;
+
+#[test]
+fn forked_children_pools_and_daemons_see_the_parents_memory() {
+    let swap = tmpdir("py-fork-swap");
+    let o = zmem(
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", PY_FORK, "96"],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("fork ok 96"), "{}", text(&o));
+}
+
 #[test]
 fn the_exit_status_and_signals_pass_through() {
     let o = zmem(&["run", "--", "sh", "-c", "exit 7"], &[], 30);

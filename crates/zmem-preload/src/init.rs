@@ -1,9 +1,10 @@
 //! The shim's state, started on first use from the `ZMEM_*` environment.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 use zmem_common::RwLockExt;
 
 use zmem_settings::Settings;
@@ -24,19 +25,60 @@ pub(crate) struct Managed {
 pub(crate) struct Shim {
     pub(crate) pager: Pager,
     pub(crate) settings: Settings,
-    pub(crate) regions: RwLock<BTreeMap<usize, Managed>>,
+    pub(crate) regions: RwLock<Table>,
 }
 
 pub(crate) static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
 /// Managed mappings alive: `free` looks up only while there are some.
 pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// In a forked child: everything passes through.
+/// In a forked child: no new memory is managed, and the parent's regions
+/// are plain memory of the child (see `before_fork`).
 pub(crate) static CHILD: AtomicBool = AtomicBool::new(false);
 /// The shim panicked once: it manages no new memory.
 pub(crate) static BROKEN: AtomicBool = AtomicBool::new(false);
 
+type Table = BTreeMap<usize, Managed>;
+
+thread_local! {
+    /// The table's write guard, held by the forking thread from the
+    /// prepare step of fork to its parent or child step: no region is made
+    /// or freed meanwhile, and the child starts with the table unlocked.
+    static FORK_GUARD: RefCell<Option<RwLockWriteGuard<'static, Table>>> = const { RefCell::new(None) };
+}
+
+/// pthread_atfork's prepare step: the child must see exactly the parent's
+/// memory, and it has neither the pager's threads nor a userfaultfd
+/// registration. So every evicted folio is loaded back first
+/// (`Pager::fork_prepare`), with reclaim frozen until the parent step.
+/// vfork and posix_spawn run no atfork handlers, and need none: the child
+/// execs (or exits) without touching the parent's memory.
+extern "C" fn before_fork() {
+    let Some(Some(s)) = SHIM.get() else { return };
+    if CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    guarded(|| {
+        let g = s.regions.write_ok();
+        s.pager.fork_prepare();
+        FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+    });
+}
+
+extern "C" fn after_fork_in_parent() {
+    let Some(Some(s)) = SHIM.get() else { return };
+    if CHILD.load(Ordering::Relaxed) {
+        return;
+    }
+    guarded(|| {
+        FORK_GUARD.with(|f| f.borrow_mut().take());
+        s.pager.fork_parent();
+    });
+}
+
 extern "C" fn after_fork_in_child() {
     CHILD.store(true, Ordering::Relaxed);
+    // This thread is the child's only one, and held the guard at fork.
+    let _ = guarded(|| FORK_GUARD.with(|f| f.borrow_mut().take()));
 }
 
 pub(crate) fn shim() -> Option<&'static Shim> {
@@ -58,6 +100,7 @@ pub(crate) fn init() -> Option<Shim> {
     };
     let mut cfg = settings.pager_config();
     cfg.thread_init = Some(mark_internal_thread);
+    cfg.keep_on_fork = true;
     let pager = match Pager::new(cfg) {
         Ok(p) => p,
         Err(e) => {
@@ -65,9 +108,10 @@ pub(crate) fn init() -> Option<Shim> {
             return None;
         }
     };
-    // SAFETY: registers a plain function with no arguments; it only stores
-    // to an atomic, which is async-signal-safe as a forked child requires.
-    let r = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    // SAFETY: registers plain functions with no arguments. The child step
+    // stores to an atomic and unlocks the table this thread locked; glibc
+    // runs it with its own locks (malloc's included) reset.
+    let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
     if r != 0 {
         log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
     }
@@ -102,7 +146,7 @@ pub(crate) fn managed_alloc(len: usize) -> Option<*mut c_void> {
 /// the table lock may be held: a BTreeMap node freed under it) every
 /// pointer is glibc's.
 pub(crate) fn lookup(addr: usize) -> Option<(usize, usize, usize)> {
-    if in_zmem() || LIVE.load(Ordering::Relaxed) == 0 || CHILD.load(Ordering::Relaxed) {
+    if in_zmem() || LIVE.load(Ordering::Relaxed) == 0 {
         return None;
     }
     let s = SHIM.get()?.as_ref()?;
@@ -114,7 +158,8 @@ pub(crate) fn lookup(addr: usize) -> Option<(usize, usize, usize)> {
     .flatten()
 }
 
-/// Drops the managed mapping at `start`.
+/// Drops the managed mapping at `start`. In a forked child it is plain
+/// memory: unmapped, with nothing of the pager's touched.
 pub(crate) fn managed_free(start: usize) {
     let Some(s) = SHIM.get().and_then(Option::as_ref) else { return };
     guarded(|| {
@@ -122,7 +167,17 @@ pub(crate) fn managed_free(start: usize) {
         if m.is_some() {
             LIVE.fetch_sub(1, Ordering::Relaxed);
         }
-        drop(m); // unmaps and frees its entries, outside the table lock
+        match m {
+            Some(m) if CHILD.load(Ordering::Relaxed) => {
+                let len = m.region.len();
+                // The region's drop would reach the parent's pager.
+                std::mem::forget(m);
+                // SAFETY: [start, start + len) is the child's copy of the
+                // region, which the program gave up.
+                unsafe { libc::syscall(libc::SYS_munmap, start, len) };
+            }
+            m => drop(m), // unmaps and frees its entries, outside the table lock
+        }
     });
 }
 

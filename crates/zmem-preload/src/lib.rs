@@ -24,11 +24,14 @@
 //! mempool) are made with raw syscalls and never reach these symbols.
 //!
 //! # fork and exec
-//! Regions are `MADV_DONTFORK`: a forked child does not have them (touching
-//! one is SIGSEGV, never wrong data), and the shim is off in the child, whose
-//! frees of the parent's regions are ignored. `exec` starts afresh: the
-//! environment carries `LD_PRELOAD` and the settings, so the new program
-//! gets its own pager.
+//! A forked child inherits the regions whole: the prepare step of fork loads
+//! every evicted folio back and freezes reclaim until the parent step
+//! (`Pager::fork_prepare`). In the child the regions are plain memory (the
+//! child has neither the pager's threads nor a userfaultfd registration):
+//! it manages no new memory, and its frees of the parent's regions unmap
+//! them. vfork and posix_spawn run no atfork handlers and need none. `exec`
+//! starts afresh: the environment carries `LD_PRELOAD` and the settings, so
+//! the new program gets its own pager.
 //!
 //! # Partial munmap
 //! Unmapping part of a managed mapping drops its pages (`MADV_DONTNEED`, so

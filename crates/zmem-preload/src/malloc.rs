@@ -2,12 +2,11 @@
 //! everything else goes to glibc (`__libc_*`).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
-use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, CHILD, SHIM};
+use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, SHIM};
 use crate::PAGE;
 
 extern "C" {
@@ -55,18 +54,9 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
             }
             return;
         }
-        if CHILD.load(Ordering::Relaxed) && is_parent_region(a) {
-            return; // the parent's region: not in this process
-        }
     }
     // SAFETY: not ours, so glibc's (the caller's contract).
     unsafe { __libc_free(p) }
-}
-
-/// In a forked child: whether `a` was a managed mapping of the parent.
-pub(crate) fn is_parent_region(a: usize) -> bool {
-    let Some(Some(s)) = SHIM.get() else { return false };
-    s.regions.try_read().is_ok_and(|r| r.contains_key(&a))
 }
 
 #[no_mangle]

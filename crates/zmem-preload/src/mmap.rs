@@ -125,10 +125,15 @@ pub unsafe extern "C" fn mremap(
             set_errno(libc::ENOMEM);
             return libc::MAP_FAILED;
         }
-        let Some(q) = managed_alloc(new_len) else {
+        // A forked child manages nothing new: a plain mapping then.
+        let q = managed_alloc(new_len).unwrap_or_else(|| {
+            let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            raw_mmap(std::ptr::null_mut(), new_len, libc::PROT_READ | libc::PROT_WRITE, anon, -1, 0)
+        });
+        if q == libc::MAP_FAILED {
             set_errno(libc::ENOMEM);
             return libc::MAP_FAILED;
-        };
+        }
         // SAFETY: both are managed mappings, distinct, with len and new_len
         // bytes.
         unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), q.cast::<u8>(), len.min(old_len).min(new_len)) };
