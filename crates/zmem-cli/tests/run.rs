@@ -169,6 +169,76 @@ fn forked_children_pools_and_daemons_see_the_parents_memory() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("fork ok 96"), "{}", text(&o));
 }
 
+/// libjemalloc.so.2, from Debian's libjemalloc2 (installed by `.ci/run`).
+fn jemalloc() -> PathBuf {
+    let found = ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    found.expect("libjemalloc.so.2 (Debian's libjemalloc2; .ci/run installs it)")
+}
+
+#[test]
+fn python_on_jemalloc_keeps_its_own_allocator_and_reads_everything_back() {
+    // The program's allocator is jemalloc: the shim hands it the whole
+    // malloc family and manages what jemalloc maps.
+    let swap = tmpdir("py-je-swap");
+    let je = jemalloc();
+    let py =
+        format!("{PY}\nimport resource\nprint('maxrss_mib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)");
+    let o = zmem(
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", &py, "128"],
+        &[("LD_PRELOAD", je.to_str().unwrap())],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("ok 128"), "{}", text(&o));
+    // 256 MiB went through jemalloc; what stayed resident is near the limit.
+    let rss: u64 = out.split("maxrss_mib ").nth(1).and_then(|t| t.trim().parse().ok()).expect("maxrss line");
+    assert!(rss < 110, "peak RSS {rss} MiB: jemalloc's memory was not managed; {}", text(&o));
+}
+
+/// Debian's redis-server (jemalloc inside) under a limit of a fraction of
+/// what it loads: it starts, takes 200k keys, and reads them back.
+#[test]
+fn redis_server_on_jemalloc_loads_and_reads_back_its_keys() {
+    let swap = tmpdir("redis-swap");
+    let port = 20000 + std::process::id() % 20000;
+    let mut server = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(["run", "--limit", "24M", "--swapfile", swap.to_str().unwrap(), "--", "redis-server"])
+        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--enable-debug-command", "local"])
+        .env("ZMEM_PRELOAD", preload())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("zmem run redis-server (Debian's redis-server; .ci/run installs it)");
+    let cli = |args: &[&str]| {
+        let o = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().expect("redis-cli");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cli(&["ping"]) != "PONG" {
+        if Instant::now() > deadline || server.try_wait().unwrap().is_some() {
+            let _ = server.kill();
+            panic!("redis-server did not start under zmem: {}", text(&server.wait_with_output().unwrap()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // About 70 MiB of keys and values: several times the limit.
+    let r = cli(&["debug", "populate", "200000", "key", "200"]);
+    let got: Vec<String> = [0, 777, 123_456, 199_999].iter().map(|k| cli(&["get", &format!("key:{k}")])).collect();
+    let size = cli(&["dbsize"]);
+    cli(&["shutdown", "nosave"]);
+    let o = server.wait_with_output().unwrap();
+    assert_eq!(r, "OK", "{}", text(&o));
+    for (k, v) in [0, 777, 123_456, 199_999].iter().zip(&got) {
+        assert!(v.starts_with(&format!("value:{k}")), "key:{k} read back as {v:?}; {}", text(&o));
+    }
+    assert_eq!(size, "200000", "{}", text(&o));
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 #[test]
 fn the_exit_status_and_signals_pass_through() {
     let o = zmem(&["run", "--", "sh", "-c", "exit 7"], &[], 30);

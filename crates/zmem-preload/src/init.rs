@@ -81,6 +81,19 @@ extern "C" fn after_fork_in_child() {
     let _ = guarded(|| FORK_GUARD.with(|f| f.borrow_mut().take()));
 }
 
+/// Starts the shim as the library is loaded (or at a large malloc, if
+/// another library's constructor makes one first). Never from mmap: that
+/// mmap may run inside another allocator's start-up (jemalloc's, in
+/// Debian's redis-server), whose lock the shim's own allocations would then
+/// wait on for good. Mappings made before the start are not managed.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static START: extern "C" fn() = start;
+
+extern "C" fn start() {
+    let _ = shim();
+}
+
 pub(crate) fn shim() -> Option<&'static Shim> {
     if CHILD.load(Ordering::Relaxed) {
         return None;

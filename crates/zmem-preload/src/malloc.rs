@@ -1,5 +1,6 @@
-//! The malloc family: requests of `ZMEM_THRESHOLD` or more are managed;
-//! everything else goes to glibc (`__libc_*`).
+//! The malloc family: with glibc's allocator next, requests of
+//! `ZMEM_THRESHOLD` or more are managed and everything else goes to glibc
+//! (`__libc_*`); with any other allocator everything goes to it (`next.rs`).
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
@@ -7,6 +8,7 @@ use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
 use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, SHIM};
+use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
 
 extern "C" {
@@ -19,6 +21,12 @@ extern "C" {
 
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    match allocator() {
+        // SAFETY: the program's own allocator, with the caller's argument.
+        Allocator::Foreign => return unsafe { next::malloc(size) },
+        Allocator::Early => return next::early_alloc(size, 16),
+        Allocator::Glibc => {}
+    }
     if wants(size) {
         if let Some(p) = managed_alloc(size) {
             return p;
@@ -34,6 +42,13 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
+    match allocator() {
+        // SAFETY: the program's own allocator, with the caller's arguments.
+        Allocator::Foreign => return unsafe { next::calloc(n, size) },
+        // Never reused, so zeroed.
+        Allocator::Early => return next::early_alloc(total, 16),
+        Allocator::Glibc => {}
+    }
     if wants(total) {
         // A fresh region reads as zeros.
         if let Some(p) = managed_alloc(total) {
@@ -46,6 +61,13 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() || next::is_early(p) {
+        return;
+    }
+    if allocator() == Allocator::Foreign {
+        // SAFETY: the program's allocator made p (the caller's contract).
+        return unsafe { next::free(p) };
+    }
     let a = p as usize;
     if a % PAGE == 0 && a != 0 {
         if let Some((start, _, _)) = lookup(a) {
@@ -64,6 +86,20 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         // SAFETY: realloc(NULL, n) is malloc(n).
         return unsafe { malloc(size) };
+    }
+    if next::is_early(p) {
+        // SAFETY: malloc with the caller's size.
+        let q = unsafe { malloc(size) };
+        if !q.is_null() {
+            // SAFETY: p lies in the early arena, readable to its end; q has
+            // size bytes; they are distinct.
+            unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(next::early_room(p))) };
+        }
+        return q;
+    }
+    if allocator() == Allocator::Foreign {
+        // SAFETY: the program's allocator made p (the caller's contract).
+        return unsafe { next::realloc(p, size) };
     }
     let a = p as usize;
     let ours = if a % PAGE == 0 { lookup(a).filter(|&(s, _, _)| s == a) } else { None };
@@ -106,6 +142,12 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 }
 
 pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
+    match allocator() {
+        // SAFETY: the program's own allocator, with the caller's arguments.
+        Allocator::Foreign => return unsafe { next::memalign(align, size) },
+        Allocator::Early => return next::early_alloc(size, align),
+        Allocator::Glibc => {}
+    }
     // Regions are folio-aligned.
     let folio = SHIM.get().and_then(Option::as_ref).map_or(64 << 10, |s| s.settings.folio);
     if align <= folio && wants(size) {
@@ -167,8 +209,12 @@ pub(crate) unsafe fn glibc_usable_size(p: *mut c_void) -> usize {
 
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    if p.is_null() {
+    if p.is_null() || next::is_early(p) {
         return 0;
+    }
+    if allocator() == Allocator::Foreign {
+        // SAFETY: the program's allocator made p (the caller's contract).
+        return unsafe { next::usable_size(p) };
     }
     if let Some((start, _, len)) = lookup(p as usize) {
         return len - (p as usize - start).min(len);

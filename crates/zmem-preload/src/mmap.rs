@@ -33,7 +33,11 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     let anon_private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     let plain = flags & !libc::MAP_NORESERVE == anon_private;
-    if addr.is_null() && plain && prot == libc::PROT_READ | libc::PROT_WRITE && fd == -1 && wants(len) {
+    // Never the shim's start: this mmap may come from inside an allocator's
+    // own start-up (jemalloc's, from its first malloc), whose lock the
+    // shim's start would wait on. The shim starts from its constructor.
+    let started = SHIM.get().is_some_and(Option::is_some);
+    if started && addr.is_null() && plain && prot == libc::PROT_READ | libc::PROT_WRITE && fd == -1 && wants(len) {
         if let Some(p) = managed_alloc(len) {
             return p;
         }
