@@ -1,8 +1,9 @@
 //! `zmem bench soak`: threads read and write, verifying every page, a
 //! managed region several times the limit, while another thread maps,
 //! fills, partly unmaps, mremaps and drops regions of its own, switches the
-//! compressor, and injects codec failures, pool allocation failures, and
-//! swap-file write errors (EIO and ENOSPC).
+//! compressor, forks (the child checks what it inherited, evicted pages
+//! included, and changes its copy), and injects codec failures, pool
+//! allocation failures, and swap-file write errors (EIO and ENOSPC).
 //!
 //! It prints the verified page-touches, mismatches and hangs. A hang is a
 //! worker that makes no progress for `--hang-secs` (a fault nobody serves):
@@ -85,6 +86,7 @@ struct Totals {
     touches: AtomicU64,
     mismatches: AtomicU64,
     chaos_rounds: AtomicU64,
+    forks: AtomicU64,
 }
 
 /// Every thread's name, kernel wait channel and (as root) kernel stack.
@@ -111,6 +113,7 @@ pub fn run(args: &Args) -> Result<()> {
     let c = Corpus::sample();
     let limit = args.limit_mib << 20;
     let mut cfg = PagerConfig::with_limit(limit);
+    cfg.keep_on_fork = true;
     cfg.tier = TierConfig { memory_budget: limit, max_pool_percent: 25, ..TierConfig::default() }
         .with_swap_dir(args.swap_dir.clone(), true);
     let pager = Arc::new(Pager::new(cfg)?);
@@ -227,6 +230,7 @@ pub fn run(args: &Args) -> Result<()> {
         "mismatches": mismatches,
         "hangs": 0,
         "chaos_rounds": totals.chaos_rounds.load(Ordering::Relaxed),
+        "forks": totals.forks.load(Ordering::Relaxed),
         "evicted_folios": ps.evicted_folios,
         "load_faults": ps.load_faults,
         "eviction_rejects": ps.eviction_rejects,
@@ -240,9 +244,10 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         println!(
             "soak: {secs:.0} s, {touches} verified page-touches ({:.0}/s), {mismatches} mismatches, 0 hangs, \
-             {} chaos rounds",
+             {} chaos rounds, {} forks",
             touches as f64 / secs,
-            totals.chaos_rounds.load(Ordering::Relaxed)
+            totals.chaos_rounds.load(Ordering::Relaxed),
+            totals.forks.load(Ordering::Relaxed)
         );
         println!(
             "      evicted {} folios, loaded {}, {} rejected; {} pages written back, {} writeback failures, \
@@ -300,6 +305,9 @@ fn chaos(c: &Corpus, pager: &Pager, totals: &Totals, stop: &AtomicBool) {
         for pg in 0..n {
             write_page(c, &b, pg, v);
         }
+        if round % 16 == 5 {
+            fork_check(c, pager, &b, v, totals);
+        }
         if round % 2 == 0 {
             // The program unmaps the second half: the first stays intact.
             let half = b.addr() as usize + b.len() / 2;
@@ -343,4 +351,38 @@ fn chaos(c: &Corpus, pager: &Pager, totals: &Totals, stop: &AtomicBool) {
         totals.chaos_rounds.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// fork while the workers run: the child must see region `b` at version
+/// `v` (its evicted pages included), and what it writes stays its own (the
+/// parent checks `b` at `v` afterwards).
+fn fork_check(c: &Corpus, pager: &Pager, b: &Region, v: u32, totals: &Totals) {
+    let n = b.len() / PAGE_SIZE;
+    pager.fork_prepare();
+    // SAFETY: the child reads and writes region b through atomics, takes no
+    // lock, touches nothing of the pager's, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut bad = 0;
+        for pg in 0..n {
+            bad += check_page(c, b, pg, v);
+            write_page(c, b, pg, v + 7);
+            bad += check_page(c, b, pg, v + 7);
+        }
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(i32::from(bad != 0)) };
+    }
+    pager.fork_parent();
+    if pid < 0 {
+        eprintln!("soak: fork failed: {}", std::io::Error::last_os_error());
+        return;
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        totals.mismatches.fetch_add(1, Ordering::Relaxed);
+        eprintln!("soak: a forked child saw its inherited region wrong (status {status:#x})");
+    }
+    totals.forks.fetch_add(1, Ordering::Relaxed);
 }
