@@ -2,6 +2,8 @@
 //!
 //! - `zmem usemem`: the usemem experiment, zmem against the kernel's zswap.
 //! - `zmem run -- CMD`: CMD with its large anonymous memory managed by zmem.
+//! - `zmem compare --limit L -- CMD`: CMD as is, under zmem, and under the
+//!   kernel's zswap: time and peak footprint side by side.
 //! - `zmem stats PID`: the stats of a process under `zmem run`.
 //! - `zmem bench compress`: codec and batch throughput on real pages.
 //! - `zmem corpus capture --pid PID -o FILE`: capture a process's anonymous
@@ -16,6 +18,7 @@ mod bench_fault;
 mod bench_soak;
 mod bench_tier;
 mod bench_zsmalloc;
+mod compare;
 mod run;
 mod usemem;
 
@@ -47,6 +50,10 @@ enum Cmd {
     /// Run a program with its large anonymous memory managed by zmem
     /// (LD_PRELOAD); its exit status is passed through.
     Run(run::Args),
+    /// A program as is, under zmem and under the kernel's zswap (a cgroup
+    /// limit and a swap file, restored afterwards): time and peak
+    /// footprint side by side.
+    Compare(compare::Args),
     /// Print the stats of a process running under `zmem run`.
     Stats(run::StatsArgs),
     /// One usemem worker (started by `zmem usemem`).
@@ -98,6 +105,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
         Cmd::Bench { what: BenchCmd::Soak(args) } => bench_soak::run(&args),
         Cmd::Usemem(args) => usemem::run(&args),
+        Cmd::Compare(args) => compare::run(&args),
         Cmd::Run(_) => unreachable!("handled in main"),
         Cmd::Stats(args) => run::stats(&args),
         Cmd::UsememWorker(args) => usemem::worker(&args),

@@ -436,3 +436,36 @@ print("ok", st["pager"]["limit_soft_events"], st["pager"]["eviction_rejects"])
     let warnings = String::from_utf8_lossy(&o.stderr).matches("the limit is soft").count();
     assert_eq!(warnings, 1, "{}", text(&o));
 }
+
+/// `zmem compare`: the same program as is, under zmem and under the
+/// kernel's zswap, with the machine left as it was.
+#[test]
+fn compare_runs_a_program_three_ways_and_restores_the_machine() {
+    let zswap_before = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok();
+    let swap = tmpdir("compare-swap");
+    let o = zmem(
+        &["compare", "--limit", "32M", "--swap-dir", swap.to_str().unwrap(), "--json", "--", "python3", "-c", PY, "64"],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    let rows = rows.as_array().expect("one row per run");
+    let names: Vec<&str> = rows.iter().map(|r| r["config"].as_str().unwrap()).collect();
+    assert_eq!(names, ["native", "zmem", "kernel:lzo"], "{}", text(&o));
+    for r in rows {
+        assert_eq!(r["exit_ok"], true, "{r}");
+        assert!(r["elapsed_s"].as_f64().unwrap() > 0.0 && r["peak_footprint_bytes"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert_eq!(rows[2]["vs_kernel"].as_f64(), Some(1.0));
+    // The program held 128 MiB; under zmem far less of it was resident.
+    let (native, zmem) =
+        (rows[0]["peak_footprint_bytes"].as_u64().unwrap(), rows[1]["peak_footprint_bytes"].as_u64().unwrap());
+    assert!(zmem < native, "zmem {zmem} B against native {native} B");
+    // Restored: no cgroup of ours, no swap file of ours, zswap as it was.
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup/memory").unwrap();
+    assert!(!cgroups.flatten().any(|e| e.file_name().to_string_lossy().starts_with("zmem-usemem-")));
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+    assert!(!swaps.contains("zmem-usemem-"), "{swaps}");
+    assert_eq!(std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok(), zswap_before);
+}

@@ -8,24 +8,24 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-pub(super) const ZSWAP: &str = "/sys/module/zswap/parameters";
-pub(super) const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+pub(crate) const ZSWAP: &str = "/sys/module/zswap/parameters";
+pub(crate) const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
 
 /// The machine changes a kernel run makes, undone on drop in reverse order.
 #[derive(Debug, Default)]
-pub(super) struct KernelSetup {
-    pub(super) swapfile: Option<PathBuf>,
-    pub(super) swap_on: bool,
-    pub(super) zswap_saved: Vec<(String, String)>,
-    pub(super) cgroup: Option<PathBuf>,
-    pub(super) mounted_debugfs: bool,
+pub(crate) struct KernelSetup {
+    pub(crate) swapfile: Option<PathBuf>,
+    pub(crate) swap_on: bool,
+    pub(crate) zswap_saved: Vec<(String, String)>,
+    pub(crate) cgroup: Option<PathBuf>,
+    pub(crate) mounted_debugfs: bool,
 }
 
-pub(super) fn write_param(path: &str, v: &str) -> Result<()> {
+pub(crate) fn write_param(path: &str, v: &str) -> Result<()> {
     std::fs::write(path, v).with_context(|| format!("write `{v}` to {path}"))
 }
 
-pub(super) fn sh(cmd: &str, args: &[&str]) -> Result<()> {
+pub(crate) fn sh(cmd: &str, args: &[&str]) -> Result<()> {
     let out = Command::new(cmd).args(args).output().with_context(|| format!("run {cmd}"))?;
     if !out.status.success() {
         bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
@@ -34,7 +34,7 @@ pub(super) fn sh(cmd: &str, args: &[&str]) -> Result<()> {
 }
 
 impl KernelSetup {
-    pub(super) fn new(zswap: Option<&str>, limit: usize, swap_bytes: usize, dir: &Path) -> Result<KernelSetup> {
+    pub(crate) fn new(zswap: Option<&str>, limit: usize, swap_bytes: usize, dir: &Path) -> Result<KernelSetup> {
         if !rustix::process::geteuid().is_root() {
             bail!("kernel and swap runs need root (swapon, zswap parameters, a memory cgroup)");
         }
@@ -83,7 +83,7 @@ impl KernelSetup {
         Ok(k)
     }
 
-    pub(super) fn cgroup_procs(&self) -> Option<PathBuf> {
+    pub(crate) fn cgroup_procs(&self) -> Option<PathBuf> {
         self.cgroup.as_ref().map(|c| c.join("cgroup.procs"))
     }
 }
@@ -130,14 +130,14 @@ impl Drop for KernelSetup {
     }
 }
 
-pub(super) fn vmstat(name: &str) -> u64 {
+pub(crate) fn vmstat(name: &str) -> u64 {
     std::fs::read_to_string("/proc/vmstat")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()))
         .unwrap_or(0)
 }
 
-pub(super) fn kernel_rejects() -> u64 {
+pub(crate) fn kernel_rejects() -> u64 {
     [
         "reject_alloc_fail",
         "reject_compress_fail",
@@ -150,7 +150,7 @@ pub(super) fn kernel_rejects() -> u64 {
     .sum()
 }
 
-pub(super) fn debugfs_zswap(name: &str) -> u64 {
+pub(crate) fn debugfs_zswap(name: &str) -> u64 {
     std::fs::read_to_string(format!("/sys/kernel/debug/zswap/{name}"))
         .ok()
         .and_then(|s| s.trim().parse().ok())

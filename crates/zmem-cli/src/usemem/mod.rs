@@ -20,7 +20,7 @@
 //! (progress), `W <json>` (written; waits for a line on stdin), `D <json>`
 //! (done).
 
-mod kernel;
+pub(crate) mod kernel;
 mod report;
 mod worker;
 

@@ -1,0 +1,190 @@
+//! `zmem compare --limit L -- CMD`: any program three ways, one after the
+//! other: as is (`native`), under `zmem run --limit L`, and under the
+//! kernel's zswap (a cgroup v1 limit of L, a swap file, zswap on; all of it
+//! restored afterwards, as `zmem usemem` does). It prints each run's time
+//! and peak footprint side by side, as a table and as JSON.
+//!
+//! Footprint is what the OS sees:
+//! - native and zmem: the peak of the process tree's summed RSS, sampled
+//!   every 20 ms (zmem's pool and metadata are in its RSS; its swap file is
+//!   written with O_DIRECT, so it holds no page cache);
+//! - kernel: the cgroup's `max_usage_in_bytes` plus the peak of zswap's
+//!   `pool_total_size`, which cgroup v1 does not charge to the cgroup.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::usemem::kernel::{debugfs_zswap, KernelSetup};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The memory limit for zmem and for the kernel's cgroup (K, M, G).
+    #[arg(long)]
+    limit: String,
+    /// The kernel's zswap compressor.
+    #[arg(long, default_value = "lzo")]
+    zswap: String,
+    /// Where both swap files go (a disk directory).
+    #[arg(long, default_value = "/var/tmp")]
+    swap_dir: PathBuf,
+    /// The kernel's swap file size (default: 8 times the limit, at least 1G).
+    #[arg(long)]
+    swap_size: Option<String>,
+    /// Skip the kernel run (it needs root, cgroup v1 and zswap).
+    #[arg(long)]
+    no_kernel: bool,
+    #[arg(long)]
+    json: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<std::ffi::OsString>,
+}
+
+/// One run of the program.
+#[derive(Debug, serde::Serialize)]
+struct Outcome {
+    config: String,
+    elapsed_s: f64,
+    peak_footprint_bytes: u64,
+    exit_ok: bool,
+    exit_status: String,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let limit = zmem_settings::parse_size(&args.limit).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
+    if limit < (8 << 20) {
+        bail!("--limit {} is under 8M", args.limit);
+    }
+    zmem_settings::check_swapfile_dir(&args.swap_dir).map_err(|e| anyhow::anyhow!(e))?;
+    let swap_bytes = match &args.swap_size {
+        Some(s) => zmem_settings::parse_size(s).map_err(|e| anyhow::anyhow!("--swap-size: {e}"))?,
+        None => (limit * 8).max(1 << 30),
+    };
+    let mut out = Vec::new();
+    let native = Command::new(&args.cmd[0]);
+    let mut native = native;
+    native.args(&args.cmd[1..]);
+    out.push(measure("native", native, None)?);
+
+    let me = std::env::current_exe().context("the zmem binary")?;
+    let mut zmem = Command::new(me);
+    zmem.args(["run", "--limit", &args.limit, "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
+    out.push(measure("zmem", zmem, None)?);
+
+    if !args.no_kernel {
+        let setup = KernelSetup::new(Some(&args.zswap), limit, swap_bytes, &args.swap_dir)?;
+        let procs = setup.cgroup_procs().context("the kernel run's cgroup")?;
+        // Only the child joins the cgroup; this process stays outside it.
+        let mut k = Command::new("sh");
+        k.arg("-c").arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display())).arg("sh").args(&args.cmd);
+        let name = format!("kernel:{}", args.zswap);
+        let mut o = measure(&name, k, Some(&setup))?;
+        let max_usage = setup
+            .cgroup
+            .as_ref()
+            .and_then(|cg| std::fs::read_to_string(cg.join("memory.max_usage_in_bytes")).ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        // measure() left the peak pool in peak_footprint_bytes.
+        o.peak_footprint_bytes += max_usage;
+        out.push(o);
+        drop(setup);
+    }
+    report(&out, args.json);
+    if let Some(bad) = out.iter().find(|o| !o.exit_ok) {
+        bail!("the program failed under {} ({})", bad.config, bad.exit_status);
+    }
+    Ok(())
+}
+
+/// Runs `cmd` to the end, sampling the footprint every 20 ms: the process
+/// tree's RSS, or (for a kernel run) zswap's pool size alone.
+fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Result<Outcome> {
+    // The program's output goes to stderr: stdout is the report's.
+    cmd.stdout(std::io::stderr());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("start the program ({config})"))?;
+    let root = child.id();
+    let mut peak = 0u64;
+    let status: ExitStatus = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        let now = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { tree_rss(root) };
+        peak = peak.max(now);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(Outcome {
+        config: config.to_string(),
+        elapsed_s,
+        peak_footprint_bytes: peak,
+        exit_ok: status.success(),
+        exit_status: status.to_string(),
+    })
+}
+
+/// The summed RSS of `root` and all its descendants (from /proc).
+fn tree_rss(root: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let mut parent: HashMap<u32, u32> = HashMap::new();
+    let mut rss: HashMap<u32, u64> = HashMap::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid ..."; comm may hold spaces and parens.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(pages)) = (f.get(1).and_then(|s| s.parse().ok()), f.get(21).and_then(|s| s.parse().ok()))
+        else {
+            continue;
+        };
+        parent.insert(pid, ppid);
+        rss.insert(pid, pages);
+    }
+    let in_tree = |mut p: u32| {
+        for _ in 0..64 {
+            if p == root {
+                return true;
+            }
+            match parent.get(&p) {
+                Some(&pp) if pp != 0 => p = pp,
+                _ => return false,
+            }
+        }
+        false
+    };
+    rss.iter().filter(|(&p, _)| in_tree(p)).map(|(_, &pages)| pages * 4096).sum()
+}
+
+fn report(out: &[Outcome], json: bool) {
+    let kernel = out.iter().find(|o| o.config.starts_with("kernel")).map(|o| o.elapsed_s);
+    if json {
+        let rows: Vec<serde_json::Value> = out
+            .iter()
+            .map(|o| {
+                let mut v = serde_json::to_value(o).unwrap_or_default();
+                v["vs_kernel"] = serde_json::json!(kernel.map(|k| k / o.elapsed_s));
+                v
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return;
+    }
+    println!("{:<12} {:>10} {:>16} {:>10}  exit", "config", "elapsed s", "peak footprint", "vs kernel");
+    for o in out {
+        let vs = kernel.map_or("-".to_string(), |k| format!("{:.2}x", k / o.elapsed_s));
+        println!(
+            "{:<12} {:>10.2} {:>12} MiB {:>10}  {}",
+            o.config,
+            o.elapsed_s,
+            o.peak_footprint_bytes >> 20,
+            vs,
+            o.exit_status
+        );
+    }
+}
