@@ -16,10 +16,13 @@
 //! In the child the regions are plain memory of the child's own. It must
 //! not use the pager, whose threads live only in the parent.
 //!
-//! After fork the parent's pages are shared with the child until one of
-//! them writes: UFFDIO_MOVE refuses shared pages (EBUSY), so reclaim sets
-//! such folios aside as unevictable (`unevictable_folios`) while the child
-//! keeps them shared.
+//! After fork the parent's pages are shared with the child, and stay not
+//! exclusive even after the child exits, until the parent writes them:
+//! UFFDIO_MOVE refuses such pages (EBUSY). So once the process has forked,
+//! reclaim runs `MADV_POPULATE_WRITE` over a folio's present pages before
+//! it isolates the folio (a write fault without a write: a copy while the
+//! child lives, the page made exclusive again once it is gone). A folio
+//! that still cannot move is given back the same way (`cow_breaks`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -65,6 +68,7 @@ impl Pager {
 
     /// After a fork, in the parent: reclaim runs again.
     pub fn fork_parent(&self) {
+        self.inner.forked.store(true, Ordering::Relaxed);
         self.inner.frozen.store(false, Ordering::Release);
         self.inner.kick_reclaim();
     }

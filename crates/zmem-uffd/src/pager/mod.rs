@@ -184,6 +184,9 @@ struct Inner {
     /// Held by reclaim over a run of passes, so `fork_prepare` can wait for
     /// the one in flight.
     reclaim_gate: Mutex<()>,
+    /// The process has forked: pages may be shared with a child, and
+    /// reclaim makes a folio's pages the parent's own before it moves them.
+    forked: AtomicBool,
 }
 
 /// A rejected folio's pages (`present[p]`: page `p` is in `data`).
@@ -275,6 +278,7 @@ impl Pager {
             poison,
             frozen: AtomicBool::new(false),
             reclaim_gate: Mutex::new(()),
+            forked: AtomicBool::new(false),
             uffd,
             tier,
             cfg,

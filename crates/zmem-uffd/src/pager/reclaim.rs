@@ -106,7 +106,14 @@ impl Inner {
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
         let mut isolated = Vec::new();
+        let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in self.isolate_folios(tracker) {
+            if forked {
+                // Pages a fork left shared cannot MOVE: make them the
+                // parent's own first, while the folio is still Resident (a
+                // fault this raises is then served at once).
+                self.make_exclusive(&st, f, staging);
+            }
             let (lock, _) = self.stripe(&st, f);
             let g = lock.lock_ok();
             if st.folio(f) != Folio::Resident {
@@ -211,6 +218,15 @@ impl Inner {
     /// fails (rather than faulting) where the program unmapped the range
     /// meanwhile. The folio then goes back on the lists, to move next time.
     fn break_cow(&self, st: &Arc<RegionState>, f: usize, staging: &Staging) {
+        self.make_exclusive(st, f, staging);
+        inc(&self.counters.cow_breaks);
+        self.lru_add(st, f);
+    }
+
+    /// `MADV_POPULATE_WRITE` over the present pages of folio `f`: copy on
+    /// write is broken where a fork left them shared (see `break_cow`). A
+    /// walk of the page tables where they are the program's own already.
+    fn make_exclusive(&self, st: &RegionState, f: usize, staging: &Staging) {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
@@ -227,8 +243,6 @@ impl Inner {
                 log::debug!("MADV_POPULATE_WRITE of a shared folio: {e}");
             }
         }
-        inc(&self.counters.cow_breaks);
-        self.lru_add(st, f);
     }
 
     /// MOVEs folio `f` (Folio::Evicting) to slot `slot` of staging.
