@@ -65,8 +65,7 @@ pub fn run(args: &Args) -> Result<()> {
         None => (limit * 8).max(1 << 30),
     };
     let mut out = Vec::new();
-    let native = Command::new(&args.cmd[0]);
-    let mut native = native;
+    let mut native = Command::new(&args.cmd[0]);
     native.args(&args.cmd[1..]);
     out.push(measure("native", native, None)?);
 
@@ -158,7 +157,7 @@ fn tree_rss(root: u32) -> u64 {
         }
         false
     };
-    rss.iter().filter(|(&p, _)| in_tree(p)).map(|(_, &pages)| pages * 4096).sum()
+    rss.iter().filter(|(&p, _)| in_tree(p)).map(|(_, &pages)| pages * zmem_common::PAGE_SIZE as u64).sum()
 }
 
 fn report(out: &[Outcome], json: bool) {

@@ -129,8 +129,7 @@ impl Inner {
         // Folios whose pages are shared with a forked child.
         let mut shared = Vec::new();
         for (st, f) in isolated {
-            let m = self.move_folio(&st, f, staging, moved.len());
-            let (present, stuck) = (m.present, m.stuck);
+            let Moved { present, stuck, shared: is_shared } = self.move_folio(&st, f, staging, moved.len());
             staging.mark(moved.len(), &present);
             if stuck && !present.contains(&true) {
                 // Nothing could move (mlocked, pinned, shared): it stays
@@ -139,7 +138,7 @@ impl Inner {
                     st.set_folio(f, Folio::Resident);
                     self.resident.fetch_add(1, Ordering::Relaxed);
                 });
-                if m.shared {
+                if is_shared {
                     shared.push((st, f));
                     continue;
                 }

@@ -39,16 +39,13 @@ impl Staging {
     /// Which of the `n` pages from `addr` (anywhere) hold a page now, or
     /// `None` if the page tables cannot be read.
     pub(super) fn mapped(&self, addr: u64, n: usize) -> Option<Vec<bool>> {
-        self.pagemap.as_ref()?.mapped(addr, n).ok()
+        self.pagemap.as_ref()?.mapped(addr, n).map_err(|e| log::warn!("{e}")).ok()
     }
 
     /// Which pages of slot `slot` hold a page now, from the page tables
     /// (one `pread` of `/proc/self/pagemap`); `None` if they cannot be read.
     pub(super) fn occupied(&self, slot: usize) -> Option<Vec<bool>> {
-        let pm = self.pagemap.as_ref()?;
-        pm.mapped(self.slot_addr(slot), self.folio / PAGE_SIZE)
-            .map_err(|e| log::warn!("{e}: reclaim trusts UFFDIO_MOVE's byte count"))
-            .ok()
+        self.mapped(self.slot_addr(slot), self.folio / PAGE_SIZE)
     }
 
     /// Where slot `slot` starts.
