@@ -10,8 +10,8 @@ use zmem_settings::Settings;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_STATS_DIR, \
-ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
+ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_ADOPT, \
+ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
     /// Resident memory plus pool plus metadata of the managed memory.
@@ -39,6 +39,13 @@ pub struct Args {
     /// Eviction unit (4K..2M).
     #[arg(long)]
     folio: Option<String>,
+    /// Manage only the memory the shim sees mapped: no scan of the address
+    /// space for the program's other mappings (its heap, its runtime's).
+    #[arg(long)]
+    no_adopt: bool,
+    /// Manage the program's thread stacks too.
+    #[arg(long)]
+    stacks: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     cmd: Vec<std::ffi::OsString>,
@@ -85,6 +92,8 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_WRITEBACK", args.no_writeback.then(|| "0".to_string()));
     set("ZMEM_THRESHOLD", args.threshold.clone());
     set("ZMEM_FOLIO", args.folio.clone());
+    set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
+    set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     // A bad value is an error here, before the program starts.
     Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
     let so = preload_path()?;

@@ -4,6 +4,8 @@
 
 use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub mod owned;
+
 /// The size of one page of user memory (x86-64).
 pub const PAGE_SIZE: usize = 4096;
 

@@ -61,6 +61,8 @@ extern "C" fn before_fork() {
         let g = s.regions.write_ok();
         s.pager.fork_prepare();
         FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+        // Last: nothing above may allocate once it is held.
+        crate::heap::fork_lock();
     });
 }
 
@@ -70,6 +72,7 @@ extern "C" fn after_fork_in_parent() {
         return;
     }
     guarded(|| {
+        crate::heap::fork_unlock();
         FORK_GUARD.with(|f| f.borrow_mut().take());
         s.pager.fork_parent();
     });
@@ -77,8 +80,11 @@ extern "C" fn after_fork_in_parent() {
 
 extern "C" fn after_fork_in_child() {
     CHILD.store(true, Ordering::Relaxed);
-    // This thread is the child's only one, and held the guard at fork.
-    let _ = guarded(|| FORK_GUARD.with(|f| f.borrow_mut().take()));
+    // This thread is the child's only one, and held the guards at fork.
+    let _ = guarded(|| {
+        crate::heap::fork_unlock();
+        FORK_GUARD.with(|f| f.borrow_mut().take());
+    });
 }
 
 /// Starts the shim as the library is loaded (or at a large malloc, if

@@ -43,83 +43,17 @@
 
 mod capi;
 mod guard;
+mod heap;
 mod init;
 mod malloc;
 mod mmap;
 mod next;
 mod stats;
+mod threads;
 
 pub use guard::mark_internal_thread;
 
-/// zmem's own heap is glibc's, called directly: never the interposed
-/// `malloc` (which may hand the request to the program's allocator), so a
-/// program's allocator that calls mmap with its lock held (jemalloc does)
-/// never finds the shim waiting on that same lock.
-struct LibcHeap;
-
-extern "C" {
-    fn __libc_malloc(size: usize) -> *mut std::ffi::c_void;
-    fn __libc_calloc(n: usize, size: usize) -> *mut std::ffi::c_void;
-    fn __libc_realloc(p: *mut std::ffi::c_void, size: usize) -> *mut std::ffi::c_void;
-    fn __libc_memalign(align: usize, size: usize) -> *mut std::ffi::c_void;
-    fn __libc_free(p: *mut std::ffi::c_void);
-}
-
-/// glibc's malloc aligns to 16 bytes on x86-64.
-const MALLOC_ALIGN: usize = 16;
-
-// SAFETY: every block comes from glibc's allocator and goes back to it;
-// alignments above glibc's are asked of memalign, whose blocks free takes.
-unsafe impl std::alloc::GlobalAlloc for LibcHeap {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        if l.align() <= MALLOC_ALIGN {
-            // SAFETY: glibc's malloc; a null result is GlobalAlloc's failure.
-            unsafe { __libc_malloc(l.size()).cast() }
-        } else {
-            // SAFETY: glibc's memalign with a power-of-two alignment.
-            unsafe { __libc_memalign(l.align(), l.size()).cast() }
-        }
-    }
-
-    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        if l.align() <= MALLOC_ALIGN {
-            // SAFETY: glibc's calloc.
-            unsafe { __libc_calloc(1, l.size()).cast() }
-        } else {
-            // SAFETY: as alloc; the block is zeroed before it is handed out.
-            let p = unsafe { self.alloc(l) };
-            if !p.is_null() {
-                // SAFETY: p has l.size() writable bytes.
-                unsafe { std::ptr::write_bytes(p, 0, l.size()) };
-            }
-            p
-        }
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, _: std::alloc::Layout) {
-        // SAFETY: p came from alloc (glibc's), freed once (GlobalAlloc's contract).
-        unsafe { __libc_free(p.cast()) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        if l.align() <= MALLOC_ALIGN {
-            // SAFETY: p is glibc's (from alloc), new is non-zero.
-            return unsafe { __libc_realloc(p.cast(), new).cast() };
-        }
-        let Ok(nl) = std::alloc::Layout::from_size_align(new, l.align()) else { return std::ptr::null_mut() };
-        // SAFETY: as alloc, with the layout's alignment.
-        let q = unsafe { self.alloc(nl) };
-        if !q.is_null() {
-            // SAFETY: p has l.size() readable bytes, q new writable ones; distinct.
-            unsafe { std::ptr::copy_nonoverlapping(p, q, l.size().min(new)) };
-            // SAFETY: p is glibc's, freed once.
-            unsafe { __libc_free(p.cast()) };
-        }
-        q
-    }
-}
-
 #[global_allocator]
-static HEAP: LibcHeap = LibcHeap;
+static HEAP: heap::ZmemHeap = heap::ZmemHeap;
 
 const PAGE: usize = zmem_common::PAGE_SIZE;

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
+use crate::heap;
 use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, SHIM};
 use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
@@ -25,6 +26,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         // SAFETY: the program's own allocator, with the caller's argument.
         Allocator::Foreign => return unsafe { next::malloc(size) },
         Allocator::Early => return next::early_alloc(size, 16),
+        Allocator::Zmem => return heap::malloc(size),
         Allocator::Glibc => {}
     }
     if wants(size) {
@@ -47,6 +49,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         Allocator::Foreign => return unsafe { next::calloc(n, size) },
         // Never reused, so zeroed.
         Allocator::Early => return next::early_alloc(total, 16),
+        Allocator::Zmem => return heap::calloc(total),
         Allocator::Glibc => {}
     }
     if wants(total) {
@@ -64,7 +67,11 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || next::is_early(p) {
         return;
     }
-    if allocator() == Allocator::Foreign {
+    if heap::owns(p) {
+        // SAFETY: zmem's heap made p (the caller's contract: freed once).
+        return unsafe { heap::free(p) };
+    }
+    if next::program_allocator() == Allocator::Foreign {
         // SAFETY: the program's allocator made p (the caller's contract).
         return unsafe { next::free(p) };
     }
@@ -97,7 +104,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         }
         return q;
     }
-    if allocator() == Allocator::Foreign {
+    if heap::owns(p) {
+        // SAFETY: zmem's heap made p (the caller's contract).
+        return unsafe { heap::realloc(p, size) };
+    }
+    if next::program_allocator() == Allocator::Foreign {
         // SAFETY: the program's allocator made p (the caller's contract).
         return unsafe { next::realloc(p, size) };
     }
@@ -146,6 +157,7 @@ pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
         // SAFETY: the program's own allocator, with the caller's arguments.
         Allocator::Foreign => return unsafe { next::memalign(align, size) },
         Allocator::Early => return next::early_alloc(size, align),
+        Allocator::Zmem => return heap::memalign(align, size),
         Allocator::Glibc => {}
     }
     // Regions are folio-aligned.
@@ -209,10 +221,10 @@ pub(crate) unsafe fn glibc_usable_size(p: *mut c_void) -> usize {
 
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    if p.is_null() || next::is_early(p) {
+    if p.is_null() || next::is_early(p) || heap::owns(p) {
         return 0;
     }
-    if allocator() == Allocator::Foreign {
+    if next::program_allocator() == Allocator::Foreign {
         // SAFETY: the program's allocator made p (the caller's contract).
         return unsafe { next::usable_size(p) };
     }

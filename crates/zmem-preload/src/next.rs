@@ -36,6 +36,8 @@ pub(crate) enum Allocator {
     Glibc,
     /// Another allocator: every call goes to it.
     Foreign,
+    /// A zmem thread: zmem's own heap (`heap.rs`).
+    Zmem,
 }
 
 const UNKNOWN: u8 = 0;
@@ -92,12 +94,22 @@ pub(crate) fn mark_zmem_thread() {
     THREAD.with(|t| t.set(2));
 }
 
-/// Which allocator serves the malloc family (looked up on first use). On
-/// zmem's threads, with another allocator next: glibc.
+/// Which allocator serves a new allocation: zmem's heap on zmem's threads
+/// and inside the shim (glibc's own allocations for a thread zmem starts,
+/// its DTV among them, are made there), else the program's (looked up on
+/// first use).
 pub(crate) fn allocator() -> Allocator {
+    if crate::guard::in_zmem() || zmem_thread() {
+        return Allocator::Zmem;
+    }
+    program_allocator()
+}
+
+/// The program's allocator: what frees and reallocates a block that is
+/// not zmem's.
+pub(crate) fn program_allocator() -> Allocator {
     match STATE.load(Ordering::Acquire) {
         GLIBC => Allocator::Glibc,
-        FOREIGN if zmem_thread() => Allocator::Glibc,
         FOREIGN => Allocator::Foreign,
         LOOKING => Allocator::Early,
         _ => look_up(),
@@ -106,7 +118,7 @@ pub(crate) fn allocator() -> Allocator {
 
 fn look_up() -> Allocator {
     if STATE.compare_exchange(UNKNOWN, LOOKING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        return allocator();
+        return program_allocator();
     }
     let sym = |name: &std::ffi::CStr| {
         // SAFETY: a symbol lookup by a NUL-terminated name; a nested

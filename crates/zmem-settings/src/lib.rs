@@ -11,6 +11,9 @@
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
 //! | `ZMEM_THRESHOLD` | `1M` | mappings and allocations this large or larger are managed |
+//! | `ZMEM_ADOPT` | `1` | `0`: manage only what the shim sees mapped (no scan of the address space) |
+//! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
+//! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
@@ -22,7 +25,7 @@ use std::time::Duration;
 
 use zmem_common::defaults;
 use zmem_tier::{CodecSpec, TierConfig};
-use zmem_uffd::PagerConfig;
+use zmem_uffd::{AdoptConfig, PagerConfig};
 
 /// The shim's settings.
 #[derive(Debug, Clone)]
@@ -34,6 +37,10 @@ pub struct Settings {
     pub swapfile_dir: Option<PathBuf>,
     pub encrypt: bool,
     pub threshold: usize,
+    /// Scan the address space and adopt the program's mappings.
+    pub adopt: bool,
+    pub stacks: bool,
+    pub scan_interval: Duration,
     pub folio: usize,
     pub stats_dir: PathBuf,
     pub stats_interval: Duration,
@@ -107,6 +114,9 @@ impl Default for Settings {
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
+            adopt: true,
+            stacks: false,
+            scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
             stats_dir: PathBuf::from("/tmp/zmem-stats"),
             stats_interval: Duration::from_millis(1000),
@@ -140,6 +150,12 @@ impl Settings {
                 "ZMEM_WRITEBACK" => writeback = parse_bool(k, v)?,
                 "ZMEM_NO_ENCRYPT" => s.encrypt = !parse_bool(k, v)?,
                 "ZMEM_THRESHOLD" => s.threshold = size(v)?,
+                "ZMEM_ADOPT" => s.adopt = parse_bool(k, v)?,
+                "ZMEM_STACKS" => s.stacks = parse_bool(k, v)?,
+                "ZMEM_SCAN_MS" => {
+                    let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
+                    s.scan_interval = Duration::from_millis(ms.clamp(1, 60_000));
+                }
                 "ZMEM_FOLIO" => {
                     let f = size(v)?;
                     if !f.is_power_of_two() || !(4096..=2 << 20).contains(&f) {
@@ -199,6 +215,11 @@ impl Settings {
             tier = TierConfig { writeback: true, ..tier }.with_swap_dir(d.clone(), self.encrypt);
         }
         cfg.tier = tier;
+        cfg.adopt = self.adopt.then_some(AdoptConfig {
+            threshold: self.threshold,
+            stacks: self.stacks,
+            interval: self.scan_interval,
+        });
         cfg
     }
 }

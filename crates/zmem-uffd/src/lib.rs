@@ -13,8 +13,9 @@ pub mod mapping;
 pub mod pagemap;
 pub mod pager;
 pub mod sys;
+pub mod vmas;
 
 pub use mapping::Mapping;
 pub use pagemap::{PageMap, WriteTracker};
-pub use pager::{Pager, PagerConfig, PagerError, PagerStats, Region};
+pub use pager::{AdoptConfig, Pager, PagerConfig, PagerError, PagerStats, Region};
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

@@ -39,6 +39,7 @@ impl Mapping {
                 rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
             )
         }?;
+        zmem_common::owned::add(p as u64, len, zmem_common::owned::Kind::Zmem);
         Ok(Mapping { ptr: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)?, len })
     }
 
@@ -95,5 +96,6 @@ impl Drop for Mapping {
         // outlives self (words() borrows self).
         let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
         debug_assert!(r.is_ok(), "munmap of a zmem mapping failed: {r:?}");
+        zmem_common::owned::remove(self.addr());
     }
 }

@@ -380,6 +380,7 @@ fn carve(g: &mut Inner, arena_pages: usize) -> Result<Page, MempoolError> {
         .map_err(|source| MempoolError::Mmap { bytes, source })?;
         let base =
             NonNull::new(base.cast::<u8>()).ok_or(MempoolError::Mmap { bytes, source: rustix::io::Errno::NOMEM })?;
+        zmem_common::owned::add(base.as_ptr() as u64, bytes, zmem_common::owned::Kind::Zmem);
         g.arenas.push(Arena { base, pages: arena_pages });
         g.bump = 0;
     }
@@ -435,6 +436,7 @@ impl Drop for Mempool {
             // refers to the mapping any more; base/len are the mmap's own.
             let r = unsafe { rustix::mm::munmap(a.base.as_ptr().cast(), a.pages * PAGE_SIZE) };
             debug_assert!(r.is_ok(), "munmap of a mempool arena failed: {r:?}");
+            zmem_common::owned::remove(a.base.as_ptr() as u64);
         }
     }
 }

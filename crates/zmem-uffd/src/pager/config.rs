@@ -59,7 +59,24 @@ pub struct PagerConfig {
     /// Run first on every thread the pager starts (the LD_PRELOAD shim marks
     /// its internal threads with it, so their allocations stay unmanaged).
     pub thread_init: Option<fn()>,
+    /// Adopt the program's mappings by scanning the address space (see
+    /// `adopt.rs`); `None`: only what [`Pager::map`](crate::Pager::map)
+    /// hands out and [`Pager::adopt`](crate::Pager::adopt) is given.
+    pub adopt: Option<AdoptConfig>,
     pub tier: TierConfig,
+}
+
+/// Which of the program's mappings a scan adopts, and how often it looks.
+#[derive(Debug, Clone)]
+pub struct AdoptConfig {
+    /// Mappings smaller than this are left alone, unless they extend a
+    /// mapping already adopted (a heap that grew).
+    pub threshold: usize,
+    /// Adopt the program's thread stacks too (zmem's own never).
+    pub stacks: bool,
+    /// Time between scans; reclaim also scans before it evicts, at most
+    /// every `interval / 8`.
+    pub interval: Duration,
 }
 
 impl PagerConfig {
@@ -82,6 +99,7 @@ impl PagerConfig {
             track_writes: true,
             keep_on_fork: false,
             thread_init: None,
+            adopt: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
         }
     }

@@ -1,9 +1,10 @@
 //! Events: the program dropped (madvise, munmap) or moved (mremap) memory.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use zmem_common::{LockExt, RwLockExt};
 
-use super::{Folio, Inner};
+use super::{Folio, Inner, RegionState};
 use crate::mapping::PAGE_SIZE;
 
 impl Inner {
@@ -11,24 +12,34 @@ impl Inner {
     /// recorded, so that dropping a region never unmaps what the kernel
     /// has since placed there.
     pub(super) fn note_unmapped(&self, start: u64, end: u64) {
-        let regions = self.regions.read_ok();
-        for st in regions.values() {
+        for st in self.regions_in(start, end) {
             let base = st.start.load(Ordering::Acquire);
             let (a, b) = (start.max(base), end.min(base + st.len as u64));
             if a < b {
-                st.unmapped.lock_ok().push(((a - base) as usize, (b - base) as usize));
+                st.add_hole((a - base) as usize, (b - base) as usize);
             }
         }
     }
 
+    /// The program dropped `[start, end)` (madvise, munmap): the entries of
+    /// every region there are invalidated. An adopted region the program
+    /// has unmapped all of is forgotten.
     pub(super) fn drop_range(&self, start: u64, end: u64) {
-        let Some(st) = self.region_at(start) else { return };
+        for st in self.regions_in(start, end) {
+            self.drop_range_in(&st, start, end);
+            if st.adopted && st.mapped_parts().is_empty() {
+                self.retire(&st);
+            }
+        }
+    }
+
+    fn drop_range_in(&self, st: &Arc<RegionState>, start: u64, end: u64) {
         let base = st.start.load(Ordering::Acquire);
-        let first_page = ((start - base) / PAGE_SIZE as u64) as usize;
+        let first_page = ((start.max(base) - base) / PAGE_SIZE as u64) as usize;
         let last_page = ((end.min(base + st.len as u64) - base).div_ceil(PAGE_SIZE as u64)) as usize;
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         for f in first_page / ppf..last_page.div_ceil(ppf) {
-            let (lock, _) = self.stripe(&st, f);
+            let (lock, _) = self.stripe(st, f);
             let g = lock.lock_ok();
             let pages = (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page);
             if st.folio(f) == Folio::Evicting {
@@ -55,16 +66,33 @@ impl Inner {
         }
     }
 
-    /// A whole region moved: entries are region-relative, so only its
-    /// address changes.
+    /// `mremap` moved `[from, from + len)` to `to`. A region all of whose
+    /// mapped parts moved just changes its address (entries are
+    /// region-relative); one that was split by the move loses its entries.
     pub(super) fn remap(&self, from: u64, to: u64, len: u64) {
-        let mut regions = self.regions.write_ok();
-        if let Some(st) = regions.remove(&from) {
-            if st.len as u64 == len {
-                st.start.store(to, Ordering::Release);
-                regions.insert(to, st);
+        for st in self.regions_in(from, from + len) {
+            let base = st.start.load(Ordering::Acquire);
+            let parts = st.mapped_parts();
+            let (lo, hi) = (from, from + len);
+            if !parts.iter().any(|&(a, b)| base + (a as u64) < hi && base + b as u64 > lo) {
+                // Only a hole of this region lies there (the region that
+                // moved lives in it).
+                continue;
+            }
+            let inside = parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi);
+            let mut regions = self.regions.write_ok();
+            let new = (base + to).checked_sub(from);
+            if let (true, Some(new)) = (inside, new) {
+                if let Some(st) = regions.remove(&(base, st.id)) {
+                    st.start.store(new, Ordering::Release);
+                    regions.insert((new, st.id), st);
+                }
             } else {
-                log::warn!("a partial mremap of a managed region is not supported; its entries are dropped");
+                log::error!(
+                    "an mremap split a managed region ({} MiB at {base:#x}); the pages it had evicted are lost",
+                    st.len >> 20
+                );
+                regions.remove(&(base, st.id));
                 drop(regions);
                 let fs = self.cfg.folio_size;
                 for f in 0..st.len / fs {

@@ -25,12 +25,9 @@
 //! that still cannot move is given back the same way (`cow_breaks`).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 use zmem_common::{LockExt, RwLockExt};
 
-use super::fault::Served;
-use super::stats::inc;
-use super::{Folio, Pager};
+use super::Pager;
 
 impl Pager {
     /// Makes the regions' memory whole in the program, for a fork: freezes
@@ -45,24 +42,7 @@ impl Pager {
         let regions: Vec<_> = inner.regions.read_ok().values().cloned().collect();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         for st in regions {
-            for f in 0..st.state.len() {
-                loop {
-                    let (lock, _) = inner.stripe(&st, f);
-                    let g = lock.lock_ok();
-                    if st.folio(f) != Folio::Evicted {
-                        break;
-                    }
-                    let r = inner.load_evicted(&st, f, &mut bounce);
-                    drop(g);
-                    if r != Served::Again {
-                        inc(&inner.counters.fork_loads);
-                        break;
-                    }
-                    // An event is unread: the handler reads it, then the
-                    // COPY goes through.
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
+            inner.load_region(&st, &mut bounce, true);
         }
     }
 

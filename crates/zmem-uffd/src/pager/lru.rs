@@ -132,7 +132,7 @@ impl Inner {
     /// protected again).
     pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
         let live = |(st, f): &(Arc<RegionState>, usize)| {
-            st.folio(*f) == Folio::Resident && st.mapping.lock().is_ok_and(|m| m.is_some())
+            st.folio(*f) == Folio::Resident && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
         };
         let look = |item: &(Arc<RegionState>, usize)| {
             if !live(item) {

@@ -85,6 +85,7 @@
 //!   around the DONTNEED that frees it.
 
 mod accounting;
+mod adopt;
 mod config;
 mod events;
 mod fault;
@@ -105,7 +106,7 @@ use zmem_common::{LockExt, RwLockExt};
 use zmem_common::ConfigError;
 use zmem_tier::{Tier, TierConfig};
 
-pub use config::{PagerConfig, PagerError};
+pub use config::{AdoptConfig, PagerConfig, PagerError};
 use lru::Lru;
 pub use region::Region;
 use region::RegionState;
@@ -147,7 +148,10 @@ struct Inner {
     cfg: PagerConfig,
     uffd: Uffd,
     tier: Tier,
-    regions: RwLock<BTreeMap<u64, Arc<RegionState>>>,
+    /// Regions by (start, id): an adopted region may lie in a hole of an
+    /// older one (the program unmapped part of it, and the kernel put a new
+    /// mapping there), so two may share a start.
+    regions: RwLock<BTreeMap<(u64, u32), Arc<RegionState>>>,
     stripes: Vec<(Mutex<()>, Condvar)>,
     lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
     resident: AtomicUsize,
@@ -335,6 +339,10 @@ impl Drop for Pager {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         self.inner.kick_reclaim();
+        // Reclaim isolates nothing more; adopted regions go back whole.
+        self.inner.frozen.store(true, Ordering::Release);
+        drop(self.inner.reclaim_gate.lock_ok());
+        self.inner.release_adopted();
         if self.inner.regions.read_ok().is_empty() {
             for t in self.threads.drain(..) {
                 let _ = t.join();
@@ -352,10 +360,30 @@ impl Inner {
         &self.stripes[(st.id as usize * 7919 + f) % STRIPES]
     }
 
+    /// The region that holds `addr`: its range covers it and the program
+    /// has not unmapped it there.
     pub(super) fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
         let regions = self.regions.read_ok();
-        let (_, r) = regions.range(..=addr).next_back()?;
-        (addr < r.start.load(Ordering::Acquire) + r.len as u64).then(|| Arc::clone(r))
+        regions
+            .range(..=(addr, u32::MAX))
+            .rev()
+            .map(|(_, r)| r)
+            .find(|r| {
+                let s = r.start.load(Ordering::Acquire);
+                addr < s + r.len as u64 && !r.in_hole((addr - s) as usize)
+            })
+            .cloned()
+    }
+
+    /// The regions whose ranges overlap `[start, end)`, holes or not.
+    pub(super) fn regions_in(&self, start: u64, end: u64) -> Vec<Arc<RegionState>> {
+        let regions = self.regions.read_ok();
+        regions
+            .range(..(end, 0))
+            .map(|(_, r)| r)
+            .filter(|r| r.start.load(Ordering::Acquire) + r.len as u64 > start)
+            .cloned()
+            .collect()
     }
 
     /// Drops every entry of folio `f`, and its held pages. The caller holds

@@ -25,6 +25,7 @@ impl Inner {
         };
         let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
         let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
+        let mut scanned_at: Option<Instant> = None;
         loop {
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
@@ -50,6 +51,18 @@ impl Inner {
             }
             let gate = self.reclaim_gate.lock_ok();
             let frozen = || self.frozen.load(Ordering::Acquire);
+            if let Some(cfg) = &self.cfg.adopt {
+                // On the timer, and before evicting (at most 8 times as
+                // often): what the program mapped since counts too.
+                let since = scanned_at.map_or(Duration::MAX, |t| t.elapsed());
+                let over = self.usage() > self.high();
+                if !frozen() && (since >= cfg.interval || (over && since >= cfg.interval / 8)) {
+                    if let Err(e) = self.scan_mappings(cfg) {
+                        log::warn!("a scan for mappings to adopt failed: {e}");
+                    }
+                    scanned_at = Some(Instant::now());
+                }
+            }
             if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
                 while self.usage() > self.low() && !frozen() {
                     let pass = self.evict_batch(&mut staging, tracker.as_mut());

@@ -19,6 +19,12 @@ pub(super) struct RegionState {
     /// kernel may have handed their addresses to another mapping since, so
     /// the region's own unmap must leave them alone.
     pub(super) unmapped: Mutex<Vec<(usize, usize)>>,
+    /// `unmapped` is not empty (read without its lock on the fault path).
+    pub(super) has_holes: AtomicBool,
+    /// Adopted: a mapping the program made, registered by the pager (see
+    /// `adopt.rs`). It is the program's to unmap; the pager forgets the
+    /// region once all of it is unmapped.
+    pub(super) adopted: bool,
     pub(super) len: usize,
     pub(super) state: Box<[AtomicU8]>,
     pub(super) referenced: Box<[AtomicBool]>,
@@ -99,6 +105,17 @@ impl RegionState {
             }
         }
         Some(out)
+    }
+
+    /// Whether the program unmapped byte `off` of the region.
+    pub(super) fn in_hole(&self, off: usize) -> bool {
+        self.has_holes.load(Ordering::Acquire) && self.unmapped.lock_ok().iter().any(|&(a, b)| (a..b).contains(&off))
+    }
+
+    /// Records that the program unmapped `[a, b)` (offsets) of the region.
+    pub(super) fn add_hole(&self, a: usize, b: usize) {
+        self.unmapped.lock_ok().push((a, b));
+        self.has_holes.store(true, Ordering::Release);
     }
 
     /// The parts of the region (offsets) the program has not unmapped.
@@ -187,7 +204,7 @@ impl Drop for Region {
         for &(a, b) in &mapped {
             let _ = inner.uffd.unregister(addr + a as u64, (b - a) as u64);
         }
-        inner.regions.write_ok().remove(&addr);
+        inner.regions.write_ok().remove(&(addr, st.id));
         for f in 0..st.state.len() {
             let (lock, cv) = inner.stripe(st, f);
             let mut g = lock.lock_ok();
@@ -208,6 +225,7 @@ impl Drop for Region {
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock_ok().take() {
+            zmem_common::owned::remove(m.addr());
             std::mem::forget(m);
             for (a, b) in mapped {
                 // SAFETY: [addr + a, addr + b) is part of this region's
@@ -242,12 +260,14 @@ impl Pager {
             start: AtomicU64::new(addr),
             mapping: Mutex::new(Some(m)),
             unmapped: Mutex::new(Vec::new()),
+            has_holes: AtomicBool::new(false),
+            adopted: false,
             len,
             state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         });
-        self.inner.regions.write_ok().insert(addr, Arc::clone(&state));
+        self.inner.regions.write_ok().insert((addr, state.id), Arc::clone(&state));
         Ok(Region { state, inner: Arc::clone(&self.inner) })
     }
 }

@@ -48,6 +48,13 @@ pub struct PagerStats {
     /// Folios that could not move because a forked child shares their
     /// pages, given their own copy (`MADV_POPULATE_WRITE`) to move later.
     pub cow_breaks: u64,
+    /// Scans of the address space for mappings to adopt (`adopt.rs`).
+    pub mapping_scans: u64,
+    /// Mappings the program made that the pager adopted, and their bytes.
+    pub adopted_regions: u64,
+    pub adopted_bytes: u64,
+    /// Adopted regions forgotten because the program unmapped all of them.
+    pub retired_regions: u64,
     /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
@@ -78,6 +85,10 @@ pub(super) struct Counters {
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
+    pub(super) mapping_scans: AtomicU64,
+    pub(super) adopted_regions: AtomicU64,
+    pub(super) adopted_bytes: AtomicU64,
+    pub(super) retired_regions: AtomicU64,
     pub(super) write_scans: AtomicU64,
     pub(super) written_folios: AtomicU64,
 }
@@ -107,6 +118,10 @@ impl Pager {
             move_recounts: r(&c.move_recounts),
             fork_loads: r(&c.fork_loads),
             cow_breaks: r(&c.cow_breaks),
+            mapping_scans: r(&c.mapping_scans),
+            adopted_regions: r(&c.adopted_regions),
+            adopted_bytes: r(&c.adopted_bytes),
+            retired_regions: r(&c.retired_regions),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,

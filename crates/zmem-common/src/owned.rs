@@ -1,0 +1,104 @@
+//! The address ranges that are zmem's own: its mappings (regions, staging,
+//! pool arenas, its heap) and its threads' stacks, plus the stacks of the
+//! program's threads. The mapping scan (`zmem_uffd`'s adoption) never
+//! manages a range that overlaps one of these: a zmem thread that faulted
+//! on its own memory would wait for itself.
+//!
+//! Every mapping zmem makes with mmap is added here before it is used and
+//! removed after it is unmapped. Thread stacks are added by the thread that
+//! creates them (the shim's `pthread_create`), before the new thread's
+//! stack can be seen by a scan: see [`spawn_lock`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::{LockExt, RwLockExt};
+
+/// What a range is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// zmem's own memory, or a zmem thread's stack: never managed.
+    Zmem,
+    /// A program thread's stack: managed only when the user asks for it.
+    Stack,
+}
+
+static RANGES: Mutex<BTreeMap<u64, (u64, Kind)>> = Mutex::new(BTreeMap::new());
+static SPAWN: RwLock<()> = RwLock::new(());
+/// The shim's heap reservation (set once, without allocating: the heap
+/// itself calls it).
+static HEAP: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Records zmem's heap reservation, `[start, start + len)`. Allocates nothing.
+pub fn set_heap(start: u64, len: usize) {
+    HEAP[1].store(start + len as u64, Ordering::Relaxed);
+    HEAP[0].store(start, Ordering::Release);
+}
+
+/// Records `[start, start + len)` as `kind` (a range already there is
+/// replaced).
+pub fn add(start: u64, len: usize, kind: Kind) {
+    if len > 0 {
+        RANGES.lock_ok().insert(start, (start + len as u64, kind));
+    }
+}
+
+/// Forgets the range that starts at `start`.
+pub fn remove(start: u64) {
+    RANGES.lock_ok().remove(&start);
+}
+
+/// The recorded ranges that overlap `[start, end)`, in address order.
+pub fn overlapping(start: u64, end: u64) -> Vec<(u64, u64, Kind)> {
+    let mut out = Vec::new();
+    let (hs, he) = (HEAP[0].load(Ordering::Acquire), HEAP[1].load(Ordering::Relaxed));
+    if hs != 0 && hs < end && start < he {
+        out.push((hs, he, Kind::Zmem));
+    }
+    let ranges = RANGES.lock_ok();
+    // A range that starts before `start` may still reach into it.
+    if let Some((&s, &(e, k))) = ranges.range(..start).next_back() {
+        if e > start {
+            out.push((s, e, k));
+        }
+    }
+    out.extend(ranges.range(start..end).map(|(&s, &(e, k))| (s, e, k)));
+    out.sort_unstable();
+    out
+}
+
+/// Held (read) by a thread that creates a thread from the moment its stack
+/// may exist until the stack is recorded; held (write) by a scan of the
+/// address space, so a scan never sees a new stack unrecorded.
+pub fn spawn_lock() -> RwLockReadGuard<'static, ()> {
+    SPAWN.read_ok()
+}
+
+/// See [`spawn_lock`].
+pub fn scan_lock() -> RwLockWriteGuard<'static, ()> {
+    SPAWN.write_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapping_finds_ranges_that_start_before_inside_but_not_after() {
+        let base = 0x7700_0000_0000u64;
+        add(base, 0x1000, Kind::Zmem);
+        add(base + 0x3000, 0x2000, Kind::Stack);
+        add(base + 0x8000, 0x1000, Kind::Zmem);
+        assert_eq!(overlapping(base + 0x800, base + 0x900), vec![(base, base + 0x1000, Kind::Zmem)]);
+        assert_eq!(overlapping(base + 0x1000, base + 0x3000), vec![]);
+        assert_eq!(
+            overlapping(base + 0x4000, base + 0x8001),
+            vec![(base + 0x3000, base + 0x5000, Kind::Stack), (base + 0x8000, base + 0x9000, Kind::Zmem)]
+        );
+        remove(base + 0x3000);
+        assert_eq!(overlapping(base + 0x4000, base + 0x5000), vec![]);
+        remove(base);
+        remove(base + 0x8000);
+    }
+}

@@ -1,0 +1,121 @@
+//! Thread stacks: recorded as they are made, so that the mapping scan
+//! never adopts a zmem thread's stack (a handler that faulted on its own
+//! stack would wait for itself), nor the program's unless `ZMEM_STACKS=1`.
+//!
+//! `pthread_create` runs the new thread through a trampoline that records
+//! its stack (`pthread_getattr_np` on itself) before the program's start
+//! routine, and forgets it when the thread exits. The creating thread holds
+//! `owned::spawn_lock` from before the stack exists until it is recorded,
+//! so a scan, which holds `owned::scan_lock`, never sees it unrecorded.
+//! zmem's own threads are made by zmem code (the reentrancy flag is set),
+//! and their stacks are recorded as zmem's.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use zmem_common::owned::{self, Kind};
+
+use crate::guard::in_zmem;
+
+type Start = extern "C" fn(*mut c_void) -> *mut c_void;
+type Create = unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, Start, *mut c_void) -> c_int;
+
+struct Trampoline {
+    start: Start,
+    arg: *mut c_void,
+    kind: Kind,
+    /// On the creator's stack, which it leaves only once this is set.
+    recorded: *const AtomicBool,
+}
+
+/// Forgets the thread's stack when the thread exits (a TLS destructor: it
+/// runs on pthread_exit too).
+struct StackRecord(u64);
+
+impl Drop for StackRecord {
+    fn drop(&mut self) {
+        owned::remove(self.0);
+    }
+}
+
+thread_local! {
+    static STACK: std::cell::RefCell<Option<StackRecord>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The calling thread's stack: (lowest address, bytes).
+fn own_stack() -> Option<(u64, usize)> {
+    // SAFETY: pthread_attr_t is plain data; all zeros is what
+    // pthread_getattr_np expects to fill in.
+    let mut a: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() };
+    // SAFETY: a is a writable attr; me is the calling thread.
+    if unsafe { libc::pthread_getattr_np(me, &mut a) } != 0 {
+        return None;
+    }
+    let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: a was filled in above; the out pointers are live locals.
+    let r = unsafe { libc::pthread_attr_getstack(&a, &mut addr, &mut size) };
+    // SAFETY: a was initialised by pthread_getattr_np, destroyed once.
+    unsafe { libc::pthread_attr_destroy(&mut a) };
+    (r == 0).then_some((addr as u64, size))
+}
+
+/// Records the calling thread's stack as `kind`, until it exits.
+pub(crate) fn record_own_stack(kind: Kind) {
+    if let Some((addr, size)) = own_stack() {
+        owned::add(addr, size, kind);
+        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord(addr)));
+    }
+}
+
+extern "C" fn trampoline(t: *mut c_void) -> *mut c_void {
+    // SAFETY: t is the Trampoline box pthread_create below made for this
+    // thread and gave up to it.
+    let t = unsafe { Box::from_raw(t.cast::<Trampoline>()) };
+    record_own_stack(t.kind);
+    // SAFETY: the flag lives on the creator's stack until the creator sees
+    // it set; it is not touched after this store.
+    unsafe { (*t.recorded).store(true, Ordering::Release) };
+    (t.start)(t.arg)
+}
+
+fn real_create() -> Option<Create> {
+    static REAL: OnceLock<Option<usize>> = OnceLock::new();
+    let f = REAL.get_or_init(|| {
+        // SAFETY: a symbol lookup by a NUL-terminated name.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) };
+        (!p.is_null()).then_some(p as usize)
+    });
+    // SAFETY: the next pthread_create has this signature.
+    f.map(|p| unsafe { std::mem::transmute::<usize, Create>(p) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: Start,
+    arg: *mut c_void,
+) -> c_int {
+    let Some(real) = real_create() else { return libc::EAGAIN };
+    let kind = if in_zmem() || crate::next::zmem_thread() { Kind::Zmem } else { Kind::Stack };
+    let recorded = AtomicBool::new(false);
+    let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded }));
+    let _spawning = owned::spawn_lock();
+    // SAFETY: the caller's arguments, with our trampoline and its box as
+    // the start routine and argument.
+    let r = unsafe { real(thread, attr, trampoline, t.cast()) };
+    if r != 0 {
+        // SAFETY: the thread was not made, so the box is still ours alone.
+        drop(unsafe { Box::from_raw(t) });
+        return r;
+    }
+    // The new thread records its stack first thing; `recorded` must
+    // outlive its store.
+    while !recorded.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    0
+}

@@ -1,0 +1,261 @@
+//! Adoption: managing memory the program mapped itself, by mapping, as the
+//! kernel sees it, whoever made it (glibc's brk heap and arenas, another
+//! allocator's chunks, a runtime's heap).
+//!
+//! A scan ([`Pager::scan_mappings`], and the reclaim thread every
+//! [`AdoptConfig::interval`] and before it evicts) lists the writable
+//! mappings (`vmas.rs`) and adopts each private anonymous one that is
+//! [`AdoptConfig::threshold`] or larger, or that extends a region already
+//! adopted (a heap that grew), less what it must never manage:
+//! - zmem's own memory and its threads' stacks, and the program's thread
+//!   stacks unless [`AdoptConfig::stacks`] (`zmem_common::owned`);
+//! - what a region already covers;
+//! - shared, file-backed, device and hugetlb mappings (not anonymous);
+//! - a tail shorter than a folio (regions are whole folios).
+//!
+//! Adopting `[a, b)` ([`Pager::adopt`]):
+//! 1. register it with the userfaultfd (MISSING, and WP with write
+//!    tracking); a mapping that changed meanwhile fails here and is left;
+//! 2. put an adopted region in the table, all folios `Never`; from here a
+//!    fault is served as in any region (a fault before is a stray one,
+//!    served a zero page, which is what it would read anyway);
+//! 3. read which pages are present (`/proc/self/pagemap`) and make their
+//!    folios Resident, under their stripe locks (a fault may have been
+//!    first).
+//!
+//! The program keeps the mapping: it may unmap it (UNMAP events make holes;
+//! a region with nothing left is forgotten, `retire`), move it (REMAP), or
+//! map something new in a hole, which a later scan adopts as a region of
+//! its own (two regions may then overlap, the newer in the older's hole;
+//! `region_at` skips holes). Dropping the pager gives every adopted region
+//! back whole: its evicted folios are loaded and it is unregistered.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zmem_common::owned::{self, Kind};
+use zmem_common::{LockExt, RwLockExt};
+
+use super::fault::Served;
+use super::stats::inc;
+use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
+use crate::mapping::PAGE_SIZE;
+use crate::pagemap::PageMap;
+use crate::vmas;
+
+/// Pages read from `/proc/self/pagemap` per `pread`.
+const PAGEMAP_CHUNK: usize = 4096;
+
+impl Pager {
+    /// Manages `[addr, addr + len)`, part of a private anonymous mapping the
+    /// program made, in whole folios from `addr`. Pages already there count
+    /// as resident. Returns the bytes adopted.
+    ///
+    /// # Errors
+    /// The registration's error (the range is not one private anonymous
+    /// mapping, or another userfaultfd has it), or a pagemap read's.
+    pub fn adopt(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
+        self.inner.adopt_range(addr, len)
+    }
+
+    /// Scans the address space once and adopts what `cfg` allows. Returns
+    /// the bytes adopted.
+    ///
+    /// # Errors
+    /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
+    pub fn scan_mappings(&self, cfg: &AdoptConfig) -> Result<usize, PagerError> {
+        self.inner.scan_mappings(cfg)
+    }
+}
+
+impl Inner {
+    pub(super) fn scan_mappings(&self, cfg: &AdoptConfig) -> Result<usize, PagerError> {
+        inc(&self.counters.mapping_scans);
+        // No thread is between its stack's mmap and its record meanwhile.
+        let _spawns = owned::scan_lock();
+        let vmas = vmas::writable_vmas().map_err(PagerError::Map)?;
+        let mut adopted = 0;
+        for v in vmas.iter().filter(|v| v.is_private_anon_rw() && (cfg.stacks || !v.is_stack())) {
+            let mut pieces = vec![(v.start, v.end)];
+            for (a, b, kind) in owned::overlapping(v.start, v.end) {
+                if kind == Kind::Zmem || !cfg.stacks {
+                    subtract(&mut pieces, a, b);
+                }
+            }
+            for st in self.regions_in(v.start, v.end) {
+                let base = st.start.load(Ordering::Acquire);
+                for (a, b) in st.mapped_parts() {
+                    subtract(&mut pieces, base + a as u64, base + b as u64);
+                }
+            }
+            let big = (v.end - v.start) as usize >= cfg.threshold;
+            for (a, b) in pieces {
+                // A piece right after a region is that region's mapping
+                // grown (brk, an arena's mprotect).
+                if big || (a > 0 && self.region_at(a - 1).is_some()) {
+                    match self.adopt_range(a, (b - a) as usize) {
+                        Ok(n) => adopted += n,
+                        // It changed under us (unmapped, mprotected): the
+                        // next scan sees it as it is then.
+                        Err(e) => log::debug!("adopting {a:#x}..{b:#x} failed: {e}"),
+                    }
+                }
+            }
+        }
+        Ok(adopted)
+    }
+
+    pub(super) fn adopt_range(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
+        let fs = self.cfg.folio_size;
+        let len = len / fs * fs;
+        if len == 0 || addr % PAGE_SIZE as u64 != 0 {
+            return Ok(0);
+        }
+        self.uffd.register(addr, len as u64, self.register_mode())?;
+        let nf = len / fs;
+        self.tables.fetch_add(nf * 3, Ordering::Relaxed);
+        let st = Arc::new(RegionState {
+            id: self.next_region.fetch_add(1, Ordering::Relaxed),
+            start: AtomicU64::new(addr),
+            mapping: Mutex::new(None),
+            unmapped: Mutex::new(Vec::new()),
+            has_holes: AtomicBool::new(false),
+            adopted: true,
+            len,
+            state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
+            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+        });
+        self.regions.write_ok().insert((addr, st.id), Arc::clone(&st));
+        inc(&self.counters.adopted_regions);
+        self.counters.adopted_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        let pm = PageMap::open()?;
+        let ppf = fs / PAGE_SIZE;
+        let pages = len / PAGE_SIZE;
+        let mut p = 0;
+        while p < pages {
+            let n = PAGEMAP_CHUNK.min(pages - p);
+            let mapped = pm.mapped(addr + (p * PAGE_SIZE) as u64, n)?;
+            for (i, chunk) in mapped.chunks(ppf).enumerate() {
+                if chunk.iter().any(|&m| m) {
+                    let f = p / ppf + i;
+                    let (lock, _) = self.stripe(&st, f);
+                    let _g = lock.lock_ok();
+                    if st.folio(f) == Folio::Never {
+                        self.became_resident(&st, f);
+                    }
+                }
+            }
+            p += n;
+        }
+        if self.usage() > self.high() {
+            self.kick_reclaim();
+        }
+        Ok(len)
+    }
+
+    /// Forgets an adopted region the program has unmapped all of.
+    pub(super) fn retire(&self, st: &Arc<RegionState>) {
+        let base = st.start.load(Ordering::Acquire);
+        if self.regions.write_ok().remove(&(base, st.id)).is_none() {
+            return;
+        }
+        for f in 0..st.state.len() {
+            let (lock, _) = self.stripe(st, f);
+            let _g = lock.lock_ok();
+            // Pages dropped half a folio at a time leave it Resident; an
+            // Evicting one is finished by its evictor, which drops the
+            // entries of what was unmapped meanwhile.
+            match st.folio(f) {
+                Folio::Resident => {
+                    st.set_folio(f, Folio::Never);
+                    self.resident.fetch_sub(1, Ordering::Relaxed);
+                }
+                Folio::Evicted => {
+                    st.set_folio(f, Folio::Never);
+                    self.invalidate_folio(st, f);
+                }
+                _ => {}
+            }
+        }
+        self.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
+        inc(&self.counters.retired_regions);
+    }
+
+    /// Gives every adopted region back to the program whole: its evicted
+    /// folios loaded, unregistered, forgotten. Reclaim must be stopped.
+    pub(super) fn release_adopted(&self) {
+        let adopted: Vec<_> = self.regions.read_ok().values().filter(|r| r.adopted).cloned().collect();
+        let mut bounce = vec![0u8; self.cfg.folio_size];
+        for st in adopted {
+            self.load_region(&st, &mut bounce, false);
+            let base = st.start.load(Ordering::Acquire);
+            for (a, b) in st.mapped_parts() {
+                let _ = self.uffd.unregister(base + a as u64, (b - a) as u64);
+            }
+            self.retire(&st);
+        }
+    }
+
+    /// Loads every Evicted folio of `st` back into the program, as a fault
+    /// would (`fork` counts them). The caller keeps reclaim from isolating.
+    pub(super) fn load_region(&self, st: &Arc<RegionState>, bounce: &mut [u8], fork: bool) {
+        for f in 0..st.state.len() {
+            loop {
+                let (lock, _) = self.stripe(st, f);
+                let g = lock.lock_ok();
+                if st.folio(f) != Folio::Evicted {
+                    break;
+                }
+                let r = self.load_evicted(st, f, bounce);
+                drop(g);
+                if r != Served::Again {
+                    if fork {
+                        inc(&self.counters.fork_loads);
+                    }
+                    break;
+                }
+                // An event is unread: the handler reads it, then the COPY
+                // goes through.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
+/// Takes `[a, b)` out of the sorted, disjoint `pieces`.
+fn subtract(pieces: &mut Vec<(u64, u64)>, a: u64, b: u64) {
+    let mut out = Vec::with_capacity(pieces.len() + 1);
+    for &(s, e) in pieces.iter() {
+        if b <= s || e <= a {
+            out.push((s, e));
+            continue;
+        }
+        if s < a {
+            out.push((s, a));
+        }
+        if b < e {
+            out.push((b, e));
+        }
+    }
+    *pieces = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subtract;
+
+    #[test]
+    fn subtract_cuts_holes_and_ends() {
+        let mut p = vec![(0, 100)];
+        subtract(&mut p, 10, 20);
+        assert_eq!(p, vec![(0, 10), (20, 100)]);
+        subtract(&mut p, 0, 5);
+        subtract(&mut p, 90, 200);
+        assert_eq!(p, vec![(5, 10), (20, 90)]);
+        subtract(&mut p, 8, 30);
+        assert_eq!(p, vec![(5, 8), (30, 90)]);
+        subtract(&mut p, 0, 1000);
+        assert!(p.is_empty());
+    }
+}

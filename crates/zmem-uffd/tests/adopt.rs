@@ -1,0 +1,191 @@
+//! Adoption: memory the program mapped itself, managed where it lies, with
+//! every byte checked through eviction, holes, a new mapping in a hole,
+//! mremap, munmap and the pager's drop.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use zmem_compress::corpus::Corpus;
+use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_uffd::{Pager, PagerConfig};
+mod common;
+use common::watchdog;
+
+const WORDS: usize = PAGE_SIZE / 8;
+const MIB: usize = 1 << 20;
+
+/// Word `i` of a page tagged `tag`: a real heap page, changed by tag.
+fn word(tag: u64, i: usize) -> u64 {
+    let c = Corpus::sample();
+    let src = c.page(tag as usize % c.len());
+    u64::from_ne_bytes(src[i * 8..i * 8 + 8].try_into().unwrap()) ^ tag.rotate_left(17)
+}
+
+/// Plain private anonymous memory, made as a program makes it (not by zmem).
+fn mmap(addr: usize, len: usize) -> usize {
+    let fixed = if addr == 0 { 0 } else { libc::MAP_FIXED };
+    // SAFETY: a fresh anonymous mapping; with MAP_FIXED, over memory this
+    // test owns and no reference covers.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as usize
+}
+
+fn page(addr: usize) -> &'static [AtomicU64] {
+    // SAFETY: addr is a page of a live mapping of this test, reached only
+    // through atomics and the kernel; the test unmaps it only after its last
+    // use.
+    unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, WORDS) }
+}
+
+fn write(addr: usize, tag: u64) {
+    for (i, w) in page(addr).iter().enumerate() {
+        w.store(word(tag, i), Ordering::Relaxed);
+    }
+}
+
+fn bad_words(addr: usize, tag: u64) -> usize {
+    page(addr).iter().enumerate().filter(|(i, w)| w.load(Ordering::Relaxed) != word(tag, *i)).count()
+}
+
+fn wait_evicted(p: &Pager, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.stats().evicted_folios < at_least && Instant::now() < deadline {
+        p.reclaim_now();
+    }
+}
+
+#[test]
+fn a_mapping_the_program_made_is_managed_through_holes_a_new_mapping_mremap_and_munmap() {
+    let _wd = watchdog("adopt", 120);
+    let len = 32 * MIB;
+    let pager = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let base = mmap(0, len);
+    let pages = len / PAGE_SIZE;
+    // Half the pages are there before adoption, half come after.
+    for p in (0..pages).step_by(2) {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
+    let s = pager.stats();
+    assert_eq!(s.adopted_regions, 1);
+    assert!(s.resident_bytes >= 16 * MIB as u64, "present pages count as resident: {s:?}");
+    for p in (1..pages).step_by(2) {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    wait_evicted(&pager, 64);
+    let s = pager.stats();
+    assert!(s.evicted_folios > 0 && s.usage_bytes <= 9 * MIB as u64, "{s:?}");
+    let bad: usize = (0..pages).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum();
+    assert_eq!(bad, 0, "words read back wrong after eviction");
+
+    // The program unmaps 4 MiB in the middle, and maps something new there
+    // (4 MiB is not a folio boundary of the old region's last folio: the
+    // hole starts mid-folio).
+    let hole = base + 12 * MIB + 3 * PAGE_SIZE;
+    let hole_len = 4 * MIB;
+    // SAFETY: part of this test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
+    assert_eq!(mmap(hole, hole_len), hole);
+    for p in 0..hole_len / PAGE_SIZE {
+        write(hole + p * PAGE_SIZE, 1_000_000 + p as u64);
+    }
+    assert_eq!(pager.adopt(hole as u64, hole_len).unwrap(), hole_len);
+    let tag = |a: usize| {
+        if (hole..hole + hole_len).contains(&a) {
+            1_000_000 + ((a - hole) / PAGE_SIZE) as u64
+        } else {
+            ((a - base) / PAGE_SIZE) as u64
+        }
+    };
+    let before = pager.stats().evicted_folios;
+    for round in 0..2 {
+        // Touch everything twice over: the old region's folios next to the
+        // hole and the new region's are evicted and loaded again.
+        let bad: usize = (0..pages).map(|p| base + p * PAGE_SIZE).map(|a| bad_words(a, tag(a))).sum();
+        assert_eq!(bad, 0, "round {round}: words read back wrong around a mapping in a hole");
+    }
+    assert!(pager.stats().evicted_folios > before);
+
+    // mremap moves the new mapping (its own VMA: its pages have their own
+    // anon_vma, so the kernel keeps it apart from its neighbours), and its
+    // region with it.
+    let to = mmap(0, hole_len);
+    // SAFETY: moves this test's mapping onto another of its own.
+    let moved = unsafe {
+        libc::mremap(
+            hole as *mut _,
+            hole_len,
+            hole_len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(moved as usize, to);
+    wait_evicted(&pager, pager.stats().evicted_folios + 16);
+    let bad: usize = (0..hole_len / PAGE_SIZE).map(|p| bad_words(to + p * PAGE_SIZE, 1_000_000 + p as u64)).sum();
+    assert_eq!(bad, 0, "words read back wrong after mremap");
+    let bad: usize = (0..pages)
+        .map(|p| base + p * PAGE_SIZE)
+        .filter(|a| !(hole..hole + hole_len).contains(a))
+        .map(|a| bad_words(a, tag(a)))
+        .sum();
+    assert_eq!(bad, 0, "the old region lost words when the new one moved out of its hole: {:?}", pager.stats());
+
+    // munmap of it all: both regions are forgotten, their entries freed.
+    // SAFETY: the test's mappings, no longer used (the hole is unmapped
+    // since the mremap).
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::munmap(to as *mut _, hole_len) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pager.stats().retired_regions < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = pager.stats();
+    assert_eq!(s.retired_regions, 2, "{s:?}");
+    assert_eq!(s.resident_bytes, 0, "{s:?}");
+    let t = pager.tier().stats();
+    assert_eq!(t.stored_pages + t.same_filled_pages, 0, "entries left: {t:?}");
+}
+
+#[test]
+fn dropping_the_pager_gives_adopted_memory_back_whole() {
+    let _wd = watchdog("adopt-drop", 60);
+    let len = 16 * MIB;
+    let base = mmap(0, len);
+    {
+        let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+        pager.adopt(base as u64, len).unwrap();
+        for p in 0..len / PAGE_SIZE {
+            write(base + p * PAGE_SIZE, p as u64 * 7);
+        }
+        wait_evicted(&pager, 32);
+        assert!(pager.stats().evicted_folios >= 32);
+    }
+    // No pager: a page it had not loaded back would hang here (registered,
+    // nobody serving) or read as zeros (unregistered).
+    let bad: usize = (0..len / PAGE_SIZE).map(|p| bad_words(base + p * PAGE_SIZE, p as u64 * 7)).sum();
+    assert_eq!(bad, 0);
+    // SAFETY: the test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+}
+
+#[test]
+fn zmems_own_mappings_are_recorded_while_they_live() {
+    use zmem_common::owned::{overlapping, Kind};
+    let m = zmem_uffd::Mapping::new(4 * MIB).unwrap();
+    let (a, b) = (m.addr(), m.addr() + (4 * MIB) as u64);
+    assert_eq!(overlapping(a + 100, a + 200), vec![(a, b, Kind::Zmem)]);
+    drop(m);
+    assert!(overlapping(a, b).iter().all(|&(s, _, _)| s != a), "forgotten once unmapped");
+}
