@@ -469,3 +469,142 @@ fn compare_runs_a_program_three_ways_and_restores_the_machine() {
     assert!(!swaps.contains("zmem-usemem-"), "{swaps}");
     assert_eq!(std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok(), zswap_before);
 }
+
+/// The largest `pager` counters over the stats files a run left in `dir`
+/// (one per process; the last update is at most one interval old).
+fn pager_max(dir: &Path, key: &str) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter_map(|v| v["pager"][key].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Runs CMD under `zmem run --limit LIMIT` with stats every 50 ms, checks
+/// that it succeeded and printed `want`, and that zmem adopted and evicted
+/// its memory. Returns the output.
+fn run_managed(name: &str, limit: &str, cmd: &[&str], want: &str, secs: u64) -> Output {
+    let swap = tmpdir(&format!("{name}-swap"));
+    let stats = tmpdir(&format!("{name}-stats"));
+    let mut args = vec!["run", "--limit", limit, "--swapfile", swap.to_str().unwrap(), "--"];
+    args.extend_from_slice(cmd);
+    let o = zmem(&args, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")], secs);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(want), "{}", text(&o));
+    let (adopted, evicted) = (pager_max(&stats, "adopted_bytes"), pager_max(&stats, "evicted_folios"));
+    assert!(adopted >= 16 << 20 && evicted > 0, "adopted {adopted} B, evicted {evicted} folios; {}", text(&o));
+    o
+}
+
+/// sqlite3 keeps an in-memory database in glibc's heap (brk and arenas),
+/// which no interposed call ever sees: it is managed by mapping.
+#[test]
+fn sqlite_in_memory_database_in_glibcs_heap_is_managed_by_mapping() {
+    let sql = "CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n\
+               WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<600000)\n\
+               INSERT INTO t SELECT x, printf('%08d-%s', x, hex(zeroblob(40))) FROM c;\n\
+               SELECT 'sum', count(*), sum(length(v)), sum(id) FROM t;\n\
+               SELECT v FROM t WHERE id = 599999;";
+    let dir = tmpdir("sqlite");
+    let script = dir.join("load.sql");
+    std::fs::write(&script, sql).unwrap();
+    let o = run_managed(
+        "sqlite",
+        "24M",
+        &["sh", "-c", &format!("sqlite3 :memory: < {}", script.display())],
+        "sum|600000|53400000|180000300000",
+        240,
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("00599999-{}", "0".repeat(80))), "{}", text(&o));
+}
+
+/// V8's heap (256 KiB pages committed in a reservation) and a Buffer, 4x
+/// the limit, every object and every page of the buffer checked.
+#[test]
+fn a_node_heap_4x_the_limit_is_managed_and_checked() {
+    let js = r#"
+const n = 600000, objs = [];
+for (let i = 0; i < n; i++) objs.push({ id: i, s: 'x'.repeat(16) + i, a: [i, i * 2, i * 3] });
+const buf = Buffer.alloc(96 << 20);
+for (let i = 0; i < buf.length; i += 4096) buf.writeUInt32LE((i ^ 0x5a5a5a5a) >>> 0, i);
+for (let i = 0; i < n; i++) { const o = objs[i]; if (o.id !== i || o.a[2] !== i * 3 || o.s !== 'x'.repeat(16) + i) throw new Error('bad ' + i); }
+for (let i = 0; i < buf.length; i += 4096) if (buf.readUInt32LE(i) !== ((i ^ 0x5a5a5a5a) >>> 0)) throw new Error('buf ' + i);
+console.log('node ok', n);
+"#;
+    run_managed("node", "48M", &["node", "-e", js], "node ok 600000", 300);
+}
+
+/// A JVM heap (reserved, committed with mmap over the reservation) 4x the
+/// limit, every element checked.
+#[test]
+fn a_jvm_heap_4x_the_limit_is_managed_and_checked() {
+    let dir = tmpdir("jvm");
+    let src = dir.join("Heap.java");
+    std::fs::write(
+        &src,
+        r#"public class Heap { public static void main(String[] a) {
+    int n = Integer.parseInt(a[0]); long[][] arrs = new long[n][]; long sum = 0;
+    for (int i = 0; i < n; i++) { arrs[i] = new long[1 << 17]; for (int j = 0; j < arrs[i].length; j++) arrs[i][j] = (long) i * 1000003L + j * 7L; }
+    for (int i = 0; i < n; i++) for (int j = 0; j < arrs[i].length; j++) { if (arrs[i][j] != (long) i * 1000003L + j * 7L) throw new RuntimeException("bad " + i + " " + j); sum += arrs[i][j]; }
+    System.out.println("jvm ok " + sum); } }"#,
+    )
+    .unwrap();
+    // Java 11+ runs a single source file as is.
+    run_managed("jvm", "64M", &["java", "-Xmx1g", "-XX:+UseSerialGC", src.to_str().unwrap(), "256"], "jvm ok ", 300);
+}
+
+/// Go's heap (arenas reserved, then mapped over) in a cgo program, which
+/// is dynamically linked, so the shim is loaded; 4x the limit, checked.
+#[test]
+fn a_go_heap_4x_the_limit_is_managed_and_checked() {
+    let dir = tmpdir("go");
+    std::fs::write(dir.join("go.mod"), "module heap\ngo 1.21\n").unwrap();
+    std::fs::write(
+        dir.join("main.go"),
+        r#"package main
+
+// #include <stdlib.h>
+import "C"
+
+import "fmt"
+
+func main() {
+	n := 256
+	bufs := make([][]uint64, n)
+	for i := range bufs {
+		b := make([]uint64, 1<<17)
+		for j := range b {
+			b[j] = uint64(i)*1000003 + uint64(j)*7
+		}
+		bufs[i] = b
+	}
+	var sum uint64
+	for i, b := range bufs {
+		for j, v := range b {
+			if v != uint64(i)*1000003+uint64(j)*7 {
+				panic(fmt.Sprintf("bad %d %d", i, j))
+			}
+			sum += v
+		}
+	}
+	C.free(C.malloc(16))
+	fmt.Println("go ok", sum)
+}
+"#,
+    )
+    .unwrap();
+    let go = ["/usr/local/go/bin/go", "/usr/bin/go"].into_iter().find(|p| Path::new(p).is_file()).unwrap_or("go");
+    let exe = dir.join("heap");
+    let st = Command::new(go)
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(".")
+        .current_dir(&dir)
+        .env("CGO_ENABLED", "1")
+        .status()
+        .expect("the Go toolchain");
+    assert!(st.success(), "go build failed");
+    run_managed("go", "64M", &[exe.to_str().unwrap()], "go ok ", 300);
+}

@@ -26,7 +26,7 @@ pub mod defaults {
     /// Folios per reclaim pass.
     pub const RECLAIM_BATCH: usize = 8;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
-    pub const THRESHOLD: usize = 1 << 20;
+    pub const THRESHOLD: usize = 256 << 10;
     /// Where `zmem run` puts its swap file: a disk directory.
     pub const SWAPFILE_DIR: &str = "/var/tmp";
     /// The codec.

@@ -10,7 +10,7 @@
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
-//! | `ZMEM_THRESHOLD` | `1M` | mappings and allocations this large or larger are managed |
+//! | `ZMEM_THRESHOLD` | `256K` | mappings and allocations this large or larger are managed |
 //! | `ZMEM_ADOPT` | `1` | `0`: manage only what the shim sees mapped (no scan of the address space) |
 //! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |

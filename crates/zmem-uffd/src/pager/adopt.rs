@@ -11,6 +11,10 @@
 //!   stacks unless [`AdoptConfig::stacks`] (`zmem_common::owned`);
 //! - what a region already covers;
 //! - shared, file-backed, device and hugetlb mappings (not anonymous);
+//! - the .bss of every loaded object (the anonymous mapping right after its
+//!   file-backed .data): the C library's and zmem's own statics live there,
+//!   and zmem's threads touch them (a fault there would be served by the
+//!   thread that took it);
 //! - a tail shorter than a folio (regions are whole folios).
 //!
 //! Adopting `[a, b)` ([`Pager::adopt`]):
@@ -75,7 +79,16 @@ impl Inner {
         let _spawns = owned::scan_lock();
         let vmas = vmas::writable_vmas().map_err(PagerError::Map)?;
         let mut adopted = 0;
-        for v in vmas.iter().filter(|v| v.is_private_anon_rw() && (cfg.stacks || !v.is_stack())) {
+        for (i, v) in vmas.iter().enumerate() {
+            if !v.is_private_anon_rw() || (v.is_stack() && !cfg.stacks) {
+                continue;
+            }
+            // An object's .bss: anonymous, right after its file-backed
+            // .data. Its static data is never managed: the C library's and
+            // zmem's own are there, and zmem's threads use both.
+            if i > 0 && vmas[i - 1].file && vmas[i - 1].end == v.start {
+                continue;
+            }
             let mut pieces = vec![(v.start, v.end)];
             for (a, b, kind) in owned::overlapping(v.start, v.end) {
                 if kind == Kind::Zmem || !cfg.stacks {
@@ -90,9 +103,10 @@ impl Inner {
             }
             let big = (v.end - v.start) as usize >= cfg.threshold;
             for (a, b) in pieces {
-                // A piece right after a region is that region's mapping
-                // grown (brk, an arena's mprotect).
-                if big || (a > 0 && self.region_at(a - 1).is_some()) {
+                // A piece next to a region is that region's mapping grown
+                // (brk, an arena's mprotect, a runtime committing the next
+                // page of its reservation).
+                if big || (a > 0 && self.region_at(a - 1).is_some()) || self.region_at(b).is_some() {
                     match self.adopt_range(a, (b - a) as usize) {
                         Ok(n) => adopted += n,
                         // It changed under us (unmapped, mprotected): the
