@@ -68,9 +68,10 @@ pub fn overlapping(start: u64, end: u64) -> Vec<(u64, u64, Kind)> {
     out
 }
 
-/// Held (read) by a thread that creates a thread from the moment its stack
-/// may exist until the stack is recorded; held (write) by a scan of the
-/// address space, so a scan never sees a new stack unrecorded.
+/// Held (read) by a thread that makes a range of zmem's (a mapping, a
+/// thread's stack) from the moment it may exist until it is recorded; held
+/// (write) by a scan of the address space, so a scan never sees one
+/// unrecorded and adopts it.
 pub fn spawn_lock() -> RwLockReadGuard<'static, ()> {
     SPAWN.read_ok()
 }

@@ -144,6 +144,13 @@ pub unsafe extern "C" fn mremap(
         managed_free(start);
         return q;
     }
+    // An adopted mapping's evicted pages cannot follow a move that splits
+    // its region: load them first.
+    if let Some(s) = SHIM.get().and_then(Option::as_ref) {
+        if !crate::init::CHILD.load(std::sync::atomic::Ordering::Relaxed) && !crate::guard::in_zmem() {
+            guarded(|| s.pager.prepare_remap(old as u64, old_len));
+        }
+    }
     // SAFETY: not ours: the kernel's mremap with the caller's arguments.
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }
 }

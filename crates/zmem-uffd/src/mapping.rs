@@ -29,6 +29,8 @@ impl Mapping {
     /// mmap's error.
     pub fn new(len: usize) -> rustix::io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        // Recorded as zmem's before a scan of the address space can see it.
+        let _recording = zmem_common::owned::spawn_lock();
         // SAFETY: a fresh anonymous mapping at an address the kernel picks
         // aliases nothing.
         let p = unsafe {

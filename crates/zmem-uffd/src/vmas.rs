@@ -113,7 +113,10 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
         }
         let n = (q.vma_name_size as usize).saturating_sub(1).min(name.len());
         out.push(Vma {
-            start: q.vma_start,
+            // A mapping that grew down over what was listed already (the
+            // program changes its mappings as we read them) starts where
+            // the last one ended: the list never overlaps itself.
+            start: q.vma_start.max(at),
             end: q.vma_end,
             readable: q.vma_flags & VMA_READABLE != 0,
             shared: q.vma_flags & VMA_SHARED != 0,

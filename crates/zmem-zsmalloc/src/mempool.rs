@@ -367,6 +367,8 @@ fn carve(g: &mut Inner, arena_pages: usize) -> Result<Page, MempoolError> {
     };
     if need_new {
         let bytes = arena_pages * PAGE_SIZE;
+        // Recorded as zmem's before a scan of the address space can see it.
+        let _recording = zmem_common::owned::spawn_lock();
         // SAFETY: an anonymous private mapping at an address of the kernel's
         // choosing aliases nothing; the result is checked before use.
         let base = unsafe {

@@ -62,6 +62,37 @@ impl Pager {
         self.inner.adopt_range(addr, len)
     }
 
+    /// Call before the program's `mremap` of `[addr, addr + len)`: loads
+    /// back the evicted folios of every region the move would split, whose
+    /// pages could not follow it (a region moved whole keeps its entries).
+    pub fn prepare_remap(&self, addr: u64, len: usize) {
+        let inner = &self.inner;
+        let (lo, hi) = (addr, addr + len as u64);
+        let split: Vec<_> = inner
+            .regions_in(lo, hi)
+            .into_iter()
+            .filter(|st| {
+                let base = st.start.load(Ordering::Acquire);
+                let parts = st.mapped_parts();
+                parts.iter().any(|&(a, b)| base + (a as u64) < hi && base + b as u64 > lo)
+                    && !parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi)
+            })
+            .collect();
+        if split.is_empty() {
+            return;
+        }
+        // No reclaim pass meanwhile.
+        let _gate = inner.reclaim_gate.lock_ok();
+        let mut bounce = vec![0u8; inner.cfg.folio_size];
+        for st in split {
+            let base = st.start.load(Ordering::Acquire);
+            let fs = inner.cfg.folio_size as u64;
+            let first = (lo.max(base) - base) / fs;
+            let end = (hi.min(base + st.len as u64) - base).div_ceil(fs);
+            inner.load_folios(&st, first as usize..end as usize, &mut bounce, false);
+        }
+    }
+
     /// Scans the address space once and adopts what `cfg` allows. Returns
     /// the bytes adopted.
     ///
@@ -78,6 +109,7 @@ impl Inner {
         // No thread is between its stack's mmap and its record meanwhile.
         let _spawns = owned::scan_lock();
         let vmas = vmas::writable_vmas().map_err(PagerError::Map)?;
+        let covered = self.covered();
         let mut adopted = 0;
         for (i, v) in vmas.iter().enumerate() {
             if !v.is_private_anon_rw() || (v.is_stack() && !cfg.stacks) {
@@ -95,18 +127,16 @@ impl Inner {
                     subtract(&mut pieces, a, b);
                 }
             }
-            for st in self.regions_in(v.start, v.end) {
-                let base = st.start.load(Ordering::Acquire);
-                for (a, b) in st.mapped_parts() {
-                    subtract(&mut pieces, base + a as u64, base + b as u64);
-                }
+            for &(a, b) in overlapping(&covered, v.start, v.end) {
+                subtract(&mut pieces, a, b);
             }
             let big = (v.end - v.start) as usize >= cfg.threshold;
             for (a, b) in pieces {
                 // A piece next to a region is that region's mapping grown
                 // (brk, an arena's mprotect, a runtime committing the next
                 // page of its reservation).
-                if big || (a > 0 && self.region_at(a - 1).is_some()) || self.region_at(b).is_some() {
+                let touches = !overlapping(&covered, a.saturating_sub(1), b + 1).is_empty();
+                if big || touches {
                     match self.adopt_range(a, (b - a) as usize) {
                         Ok(n) => adopted += n,
                         // It changed under us (unmapped, mprotected): the
@@ -117,6 +147,30 @@ impl Inner {
             }
         }
         Ok(adopted)
+    }
+
+    /// What the regions cover (their mapped parts), sorted and merged: a
+    /// scan looks each mapping up here by binary search, rather than
+    /// walking thousands of regions (V8's heap is one per 256 KiB page).
+    fn covered(&self) -> Vec<(u64, u64)> {
+        let mut parts: Vec<(u64, u64)> = Vec::new();
+        for st in self.regions.read_ok().values() {
+            let base = st.start.load(Ordering::Acquire);
+            if st.has_holes.load(Ordering::Acquire) {
+                parts.extend(st.mapped_parts().into_iter().map(|(a, b)| (base + a as u64, base + b as u64)));
+            } else {
+                parts.push((base, base + st.len as u64));
+            }
+        }
+        parts.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(parts.len());
+        for (a, b) in parts {
+            match out.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
     }
 
     pub(super) fn adopt_range(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
@@ -140,7 +194,23 @@ impl Inner {
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         });
-        self.regions.write_ok().insert((addr, st.id), Arc::clone(&st));
+        {
+            let mut regions = self.regions.write_ok();
+            // Never a second region over memory a region has. zmem's own
+            // mappings are recorded before a scan can see them, but a
+            // mapping the program changes while it is listed (an arena
+            // growing) can show up twice, and registering is harmless.
+            let taken = regions.values().any(|r| {
+                let base = r.start.load(Ordering::Acquire);
+                r.mapped_parts().iter().any(|&(a, b)| base + (a as u64) < addr + len as u64 && base + b as u64 > addr)
+            });
+            if taken {
+                self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+                log::debug!("not adopting {addr:#x}+{len:#x}: a region has part of it");
+                return Ok(0);
+            }
+            regions.insert((addr, st.id), Arc::clone(&st));
+        }
         inc(&self.counters.adopted_regions);
         self.counters.adopted_bytes.fetch_add(len as u64, Ordering::Relaxed);
         let pm = PageMap::open()?;
@@ -214,7 +284,11 @@ impl Inner {
     /// Loads every Evicted folio of `st` back into the program, as a fault
     /// would (`fork` counts them). The caller keeps reclaim from isolating.
     pub(super) fn load_region(&self, st: &Arc<RegionState>, bounce: &mut [u8], fork: bool) {
-        for f in 0..st.state.len() {
+        self.load_folios(st, 0..st.state.len(), bounce, fork);
+    }
+
+    fn load_folios(&self, st: &Arc<RegionState>, folios: std::ops::Range<usize>, bounce: &mut [u8], fork: bool) {
+        for f in folios {
             loop {
                 let (lock, _) = self.stripe(st, f);
                 let g = lock.lock_ok();
@@ -235,6 +309,13 @@ impl Inner {
             }
         }
     }
+}
+
+/// The intervals of sorted, disjoint `set` that overlap `[a, b)`.
+fn overlapping(set: &[(u64, u64)], a: u64, b: u64) -> &[(u64, u64)] {
+    let first = set.partition_point(|&(_, e)| e <= a);
+    let last = first + set[first..].partition_point(|&(s, _)| s < b);
+    &set[first..last]
 }
 
 /// Takes `[a, b)` out of the sorted, disjoint `pieces`.
@@ -258,6 +339,16 @@ fn subtract(pieces: &mut Vec<(u64, u64)>, a: u64, b: u64) {
 #[cfg(test)]
 mod tests {
     use super::subtract;
+
+    #[test]
+    fn overlapping_finds_what_touches_a_range() {
+        let set = [(10, 20), (30, 40), (50, 60)];
+        assert_eq!(super::overlapping(&set, 0, 10), &[] as &[(u64, u64)]);
+        assert_eq!(super::overlapping(&set, 0, 11), &[(10, 20)]);
+        assert_eq!(super::overlapping(&set, 19, 31), &[(10, 20), (30, 40)]);
+        assert_eq!(super::overlapping(&set, 20, 30), &[] as &[(u64, u64)]);
+        assert_eq!(super::overlapping(&set, 55, 100), &[(50, 60)]);
+    }
 
     #[test]
     fn subtract_cuts_holes_and_ends() {

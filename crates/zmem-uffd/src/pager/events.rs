@@ -68,7 +68,8 @@ impl Inner {
 
     /// `mremap` moved `[from, from + len)` to `to`. A region all of whose
     /// mapped parts moved just changes its address (entries are
-    /// region-relative); one that was split by the move loses its entries.
+    /// region-relative); of one the move split, the part that moved is a
+    /// hole from then on.
     pub(super) fn remap(&self, from: u64, to: u64, len: u64) {
         for st in self.regions_in(from, from + len) {
             let base = st.start.load(Ordering::Acquire);
@@ -88,16 +89,25 @@ impl Inner {
                     regions.insert((new, st.id), st);
                 }
             } else {
-                log::error!(
-                    "an mremap split a managed region ({} MiB at {base:#x}); the pages it had evicted are lost",
-                    st.len >> 20
-                );
-                regions.remove(&(base, st.id));
+                // Part of the region moved: here it is a hole now (the
+                // rest stays managed), and at its new address a later scan
+                // adopts it. Its resident pages moved with it; pages it had
+                // evicted cannot follow (the shim loads them back before an
+                // mremap it sees: `Pager::prepare_remap`).
                 drop(regions);
-                let fs = self.cfg.folio_size;
-                for f in 0..st.len / fs {
-                    self.invalidate_folio(&st, f);
+                let (a, b) = (lo.max(base), hi.min(base + st.len as u64));
+                let fs = self.cfg.folio_size as u64;
+                let lost = ((a - base) / fs..(b - base).div_ceil(fs))
+                    .filter(|&f| matches!(st.folio(f as usize), Folio::Evicted | Folio::Evicting))
+                    .count();
+                if lost > 0 {
+                    log::error!(
+                        "an mremap moved part of a managed region at {base:#x} with {lost} folios evicted; \
+                         their pages at the new address read as zeros"
+                    );
                 }
+                st.add_hole((a - base) as usize, (b - base) as usize);
+                self.drop_range_in(&st, a, b);
             }
         }
     }

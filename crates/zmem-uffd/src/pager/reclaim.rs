@@ -26,6 +26,11 @@ impl Inner {
         let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
         let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
         let mut scanned_at: Option<Instant> = None;
+        let mut scanned_rss = 0;
+        let statm = self.cfg.adopt.as_ref().and_then(|_| {
+            use rustix::fs::{Mode, OFlags};
+            rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()
+        });
         loop {
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
@@ -52,15 +57,24 @@ impl Inner {
             let gate = self.reclaim_gate.lock_ok();
             let frozen = || self.frozen.load(Ordering::Acquire);
             if let Some(cfg) = &self.cfg.adopt {
-                // On the timer, and before evicting (at most 8 times as
-                // often): what the program mapped since counts too.
+                // On the timer, before evicting (at most 8 times as often),
+                // and when the process's RSS has grown by a sixteenth of the
+                // limit since the last scan (a program filling memory it
+                // mapped itself, faster than the timer).
                 let since = scanned_at.map_or(Duration::MAX, |t| t.elapsed());
                 let over = self.usage() > self.high();
-                if !frozen() && (since >= cfg.interval || (over && since >= cfg.interval / 8)) {
+                let rss = statm.as_ref().and_then(resident_bytes);
+                let grew = rss.is_some_and(|r| r > scanned_rss + (self.cfg.limit / 16).max(2 << 20));
+                if !frozen()
+                    && (since >= cfg.interval
+                        || (over && since >= cfg.interval / 8)
+                        || (grew && since >= Duration::from_millis(2)))
+                {
                     if let Err(e) = self.scan_mappings(cfg) {
                         log::warn!("a scan for mappings to adopt failed: {e}");
                     }
                     scanned_at = Some(Instant::now());
+                    scanned_rss = rss.unwrap_or(0);
                 }
             }
             if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
@@ -377,4 +391,14 @@ fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
         }
     }
     runs
+}
+
+/// The process's resident bytes, from `/proc/self/statm` (its second
+/// field, in pages): one `pread`, no allocation.
+fn resident_bytes(statm: &std::os::fd::OwnedFd) -> Option<usize> {
+    let mut buf = [0u8; 128];
+    let n = rustix::io::pread(statm, &mut buf, 0).ok()?;
+    let field = buf[..n].split(|&c| c == b' ').nth(1)?;
+    let pages = std::str::from_utf8(field).ok()?.parse::<usize>().ok()?;
+    Some(pages * PAGE_SIZE)
 }
