@@ -199,43 +199,97 @@ fn python_on_jemalloc_keeps_its_own_allocator_and_reads_everything_back() {
     assert!(rss < 110, "peak RSS {rss} MiB: jemalloc's memory was not managed; {}", text(&o));
 }
 
-/// Debian's redis-server (jemalloc inside) under a limit of a fraction of
-/// what it loads: it starts, takes 200k keys, and reads them back.
-#[test]
-fn redis_server_on_jemalloc_loads_and_reads_back_its_keys() {
+/// redis-server on `port`, under zmem (`limit`) or as is, with its RDB in `dir`.
+fn start_redis(port: u32, dir: &Path, limit: Option<&str>) -> std::process::Child {
     let swap = tmpdir("redis-swap");
-    let port = 20000 + std::process::id() % 20000;
-    let mut server = Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(["run", "--limit", "24M", "--swapfile", swap.to_str().unwrap(), "--", "redis-server"])
-        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--enable-debug-command", "local"])
-        .env("ZMEM_PRELOAD", preload())
+    let mut c = match limit {
+        Some(l) => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+            c.args(["run", "--limit", l, "--swapfile", swap.to_str().unwrap(), "--", "redis-server"]);
+            c.env("ZMEM_PRELOAD", preload());
+            c
+        }
+        None => Command::new("redis-server"),
+    };
+    c.args(["--port", &port.to_string(), "--save", "", "--appendonly", "no", "--enable-debug-command", "local"])
+        .arg("--dir")
+        .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("zmem run redis-server (Debian's redis-server; .ci/run installs it)");
-    let cli = |args: &[&str]| {
-        let o = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().expect("redis-cli");
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
-    };
+        .expect("redis-server (Debian's; .ci/run installs it)")
+}
+
+fn redis_cli(port: u32, args: &[&str]) -> String {
+    let o = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().expect("redis-cli");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn wait_for_redis(port: u32, server: &mut std::process::Child) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cli(&["ping"]) != "PONG" {
+    while redis_cli(port, &["ping"]) != "PONG" {
         if Instant::now() > deadline || server.try_wait().unwrap().is_some() {
             let _ = server.kill();
-            panic!("redis-server did not start under zmem: {}", text(&server.wait_with_output().unwrap()));
+            let mut err = String::new();
+            if let Some(mut e) = server.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("redis-server did not start: {err}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Debian's redis-server (jemalloc inside) under a limit of a fraction of
+/// what it loads: it starts, takes 200k keys, saves them in the background
+/// (a fork) while it serves reads, and its whole dataset is then bit for
+/// bit what the same load gives a redis-server run as is (`DEBUG DIGEST`).
+#[test]
+fn redis_server_on_jemalloc_loads_saves_in_the_background_and_reads_back_its_keys() {
+    let base = 20000 + std::process::id() % 20000;
+    let load = ["debug", "populate", "200000", "key", "200"];
+    // The reference: the same load, as is.
+    let ref_dir = tmpdir("redis-ref");
+    let mut native = start_redis(base + 1, &ref_dir, None);
+    wait_for_redis(base + 1, &mut native);
+    assert_eq!(redis_cli(base + 1, &load), "OK");
+    let want = redis_cli(base + 1, &["debug", "digest"]);
+    redis_cli(base + 1, &["shutdown", "nosave"]);
+    let _ = native.wait();
+
+    let dir = tmpdir("redis");
+    let port = base;
+    let mut server = start_redis(port, &dir, Some("24M"));
+    wait_for_redis(port, &mut server);
     // About 70 MiB of keys and values: several times the limit.
-    let r = cli(&["debug", "populate", "200000", "key", "200"]);
-    let got: Vec<String> = [0, 777, 123_456, 199_999].iter().map(|k| cli(&["get", &format!("key:{k}")])).collect();
-    let size = cli(&["dbsize"]);
-    cli(&["shutdown", "nosave"]);
+    let r = redis_cli(port, &load);
+    let bgsave = redis_cli(port, &["bgsave"]);
+    // Serve while the child writes the RDB.
+    let got: Vec<String> =
+        [0, 777, 123_456, 199_999].iter().map(|k| redis_cli(port, &["get", &format!("key:{k}")])).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut info = String::new();
+    while Instant::now() < deadline {
+        info = redis_cli(port, &["info", "persistence"]);
+        if info.contains("rdb_bgsave_in_progress:0") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let digest = redis_cli(port, &["debug", "digest"]);
+    let size = redis_cli(port, &["dbsize"]);
+    redis_cli(port, &["shutdown", "nosave"]);
     let o = server.wait_with_output().unwrap();
     assert_eq!(r, "OK", "{}", text(&o));
+    assert!(bgsave.contains("Background saving started"), "{bgsave}; {}", text(&o));
+    assert!(info.contains("rdb_last_bgsave_status:ok"), "{info}; {}", text(&o));
+    let rdb = std::fs::metadata(dir.join("dump.rdb")).map(|m| m.len()).unwrap_or(0);
+    assert!(rdb > 1 << 20, "dump.rdb is {rdb} bytes");
     for (k, v) in [0, 777, 123_456, 199_999].iter().zip(&got) {
         assert!(v.starts_with(&format!("value:{k}")), "key:{k} read back as {v:?}; {}", text(&o));
     }
     assert_eq!(size, "200000", "{}", text(&o));
+    assert_eq!(digest, want, "the dataset differs from redis-server's as is; {}", text(&o));
     assert!(o.status.success(), "{}", text(&o));
 }
 
@@ -486,16 +540,45 @@ fn pager_max(dir: &Path, key: &str) -> u64 {
 /// that it succeeded and printed `want`, and that zmem adopted and evicted
 /// its memory. Returns the output.
 fn run_managed(name: &str, limit: &str, cmd: &[&str], want: &str, secs: u64) -> Output {
+    run_managed_env(name, limit, cmd, &[], want, secs)
+}
+
+fn run_managed_env(name: &str, limit: &str, cmd: &[&str], env: &[(&str, &str)], want: &str, secs: u64) -> Output {
     let swap = tmpdir(&format!("{name}-swap"));
     let stats = tmpdir(&format!("{name}-stats"));
     let mut args = vec!["run", "--limit", limit, "--swapfile", swap.to_str().unwrap(), "--"];
     args.extend_from_slice(cmd);
-    let o = zmem(&args, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")], secs);
+    let mut env = env.to_vec();
+    env.extend([("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")]);
+    let o = zmem(&args, &env, secs);
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains(want), "{}", text(&o));
     let (adopted, evicted) = (pager_max(&stats, "adopted_bytes"), pager_max(&stats, "evicted_folios"));
     assert!(adopted >= 16 << 20 && evicted > 0, "adopted {adopted} B, evicted {evicted} folios; {}", text(&o));
     o
+}
+
+/// mimalloc (Debian's libmimalloc2.0, preloaded) makes its segments with
+/// its own mmaps; small strings and 1 MiB blocks both live there, and are
+/// managed by mapping, every byte checked by the program.
+#[test]
+fn python_on_mimalloc_is_managed_by_mapping() {
+    let mi = ["/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", "/usr/lib/aarch64-linux-gnu/libmimalloc.so.2"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("libmimalloc.so.2 (Debian's libmimalloc2.0; .ci/run installs it)");
+    let py = r#"
+text = (open('/etc/services', 'rb').read() * 200)[:1 << 20]
+blocks = []
+for i in range(128):
+    b = bytearray(text); b[:8] = i.to_bytes(8, 'little'); blocks.append(b)
+xs = [(b"%08d" % i) * 64 for i in range(100000)]
+for i, b in enumerate(blocks):
+    assert b[:8] == i.to_bytes(8, 'little') and b[8:] == text[8:], i
+assert all(xs[i] == (b"%08d" % i) * 64 for i in range(100000))
+print("mimalloc ok")
+"#;
+    run_managed_env("mimalloc", "32M", &["python3", "-c", py], &[("LD_PRELOAD", mi)], "mimalloc ok", 300);
 }
 
 /// sqlite3 keeps an in-memory database in glibc's heap (brk and arenas),

@@ -74,7 +74,11 @@ extern "C" fn trampoline(t: *mut c_void) -> *mut c_void {
     // SAFETY: t is the Trampoline box pthread_create below made for this
     // thread and gave up to it.
     let t = unsafe { Box::from_raw(t.cast::<Trampoline>()) };
-    record_own_stack(t.kind);
+    // Inside the shim: what recording allocates (its TLS slot's destructor
+    // entry among it) comes from zmem's heap, never from the program's
+    // allocator, which may mmap, and a managed mmap waits for any scan,
+    // which waits for our creator, which waits for us.
+    crate::guard::guarded(|| record_own_stack(t.kind));
     // SAFETY: the flag lives on the creator's stack until the creator sees
     // it set; it is not touched after this store.
     unsafe { (*t.recorded).store(true, Ordering::Release) };
