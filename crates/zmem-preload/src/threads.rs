@@ -108,9 +108,16 @@ pub unsafe extern "C" fn pthread_create(
     let recorded = AtomicBool::new(false);
     let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded }));
     let _spawning = owned::spawn_lock();
-    // SAFETY: the caller's arguments, with our trampoline and its box as
-    // the start routine and argument.
-    let r = unsafe { real(thread, attr, trampoline, t.cast()) };
+    // Inside the shim: what glibc allocates for the thread (its DTV) comes
+    // from zmem's heap, and nothing it maps is managed, so this thread,
+    // which holds the spawn lock, never asks for it again (a scan queued
+    // meanwhile would make that wait for good).
+    let r = crate::guard::guarded(|| {
+        // SAFETY: the caller's arguments, with our trampoline and its box
+        // as the start routine and argument.
+        unsafe { real(thread, attr, trampoline, t.cast()) }
+    })
+    .unwrap_or(libc::EAGAIN);
     if r != 0 {
         // SAFETY: the thread was not made, so the box is still ours alone.
         drop(unsafe { Box::from_raw(t) });

@@ -34,8 +34,8 @@
 //! `region_at` skips holes). Dropping the pager gives every adopted region
 //! back whole: its evicted folios are loaded and it is unregistered.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use zmem_common::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
@@ -179,21 +179,8 @@ impl Inner {
         if len == 0 || addr % PAGE_SIZE as u64 != 0 {
             return Ok(0);
         }
-        self.uffd.register(addr, len as u64, self.register_mode())?;
+        let st = self.new_region(addr, len, None)?;
         let nf = len / fs;
-        self.tables.fetch_add(nf * 3, Ordering::Relaxed);
-        let st = Arc::new(RegionState {
-            id: self.next_region.fetch_add(1, Ordering::Relaxed),
-            start: AtomicU64::new(addr),
-            mapping: Mutex::new(None),
-            unmapped: Mutex::new(Vec::new()),
-            has_holes: AtomicBool::new(false),
-            adopted: true,
-            len,
-            state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
-            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
-            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
-        });
         {
             let mut regions = self.regions.write_ok();
             // Never a second region over memory a region has. zmem's own

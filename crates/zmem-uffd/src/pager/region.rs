@@ -239,6 +239,34 @@ impl Drop for Region {
     }
 }
 
+impl Inner {
+    /// Registers `[addr, addr + len)` (whole folios) and makes a region's
+    /// bookkeeping for it, every folio Never: of zmem's own `mapping`
+    /// ([`Pager::map`]), or of one the program made (`None`: adopted).
+    pub(super) fn new_region(
+        &self,
+        addr: u64,
+        len: usize,
+        mapping: Option<Mapping>,
+    ) -> Result<Arc<RegionState>, PagerError> {
+        self.uffd.register(addr, len as u64, self.register_mode())?;
+        let nf = len / self.cfg.folio_size;
+        self.tables.fetch_add(nf * 3, Ordering::Relaxed);
+        Ok(Arc::new(RegionState {
+            id: self.next_region.fetch_add(1, Ordering::Relaxed),
+            start: AtomicU64::new(addr),
+            adopted: mapping.is_none(),
+            mapping: Mutex::new(mapping),
+            unmapped: Mutex::new(Vec::new()),
+            has_holes: AtomicBool::new(false),
+            len,
+            state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
+            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+        }))
+    }
+}
+
 impl Pager {
     /// Maps `len` bytes (rounded up to folios) of managed memory.
     ///
@@ -252,21 +280,7 @@ impl Pager {
         if !self.inner.cfg.keep_on_fork {
             m.dont_fork().map_err(PagerError::Map)?;
         }
-        self.inner.uffd.register(addr, len as u64, self.inner.register_mode())?;
-        let nf = len / fs;
-        self.inner.tables.fetch_add(nf * 3, Ordering::Relaxed);
-        let state = Arc::new(RegionState {
-            id: self.inner.next_region.fetch_add(1, Ordering::Relaxed),
-            start: AtomicU64::new(addr),
-            mapping: Mutex::new(Some(m)),
-            unmapped: Mutex::new(Vec::new()),
-            has_holes: AtomicBool::new(false),
-            adopted: false,
-            len,
-            state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
-            referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
-            queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
-        });
+        let state = self.inner.new_region(addr, len, Some(m))?;
         self.inner.regions.write_ok().insert((addr, state.id), Arc::clone(&state));
         Ok(Region { state, inner: Arc::clone(&self.inner) })
     }
