@@ -189,3 +189,38 @@ fn zmems_own_mappings_are_recorded_while_they_live() {
     drop(m);
     assert!(overlapping(a, b).iter().all(|&(s, _, _)| s != a), "forgotten once unmapped");
 }
+
+/// A folio that spans two of the kernel's mappings (the program mprotected
+/// half of it) is filled page by page: the fault that hung a python run
+/// (zero-fill of the whole folio failed with ENOENT, and nobody woke the
+/// thread) is served, and evicted data still comes back.
+#[test]
+fn a_folio_split_by_mprotect_is_served_page_by_page() {
+    let _wd = watchdog("adopt-mprotect", 60);
+    let len = 8 * MIB;
+    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let base = mmap(0, len);
+    pager.adopt(base as u64, len).unwrap();
+    let pages = len / PAGE_SIZE;
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    wait_evicted(&pager, 16);
+    // Pages 8..16 of the first folio become read-only: two mappings.
+    let ro = base + 8 * PAGE_SIZE;
+    // SAFETY: part of this test's mapping.
+    assert_eq!(unsafe { libc::mprotect(ro as *mut _, 8 * PAGE_SIZE, libc::PROT_READ) }, 0);
+    // Every page reads back, evicted or not, read-only or not.
+    let bad: usize = (0..pages).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum();
+    assert_eq!(bad, 0);
+    // Dropped, the split folio is Never again: a read of each half is a
+    // zero-fill that crosses the boundary.
+    // SAFETY: as above; the test reads zeros after.
+    assert_eq!(unsafe { libc::madvise(base as *mut _, 16 * PAGE_SIZE, libc::MADV_DONTNEED) }, 0);
+    assert!(page(base).iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    assert!(page(ro).iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    write(base, 42);
+    assert_eq!(bad_words(base, 42), 0);
+    // SAFETY: the test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+}

@@ -101,8 +101,17 @@ impl Inner {
             inc(&self.counters.stray_faults);
             // SAFETY: an address of a range registered with our uffd, which
             // no Rust reference covers.
-            let r = unsafe { self.uffd.zeropage(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64, false) };
-            return if matches!(r, Err(UffdError::Again { .. })) { Served::Again } else { Served::Done };
+            let page = addr & !(PAGE_SIZE as u64 - 1);
+            let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, false) };
+            if matches!(r, Err(UffdError::Again { .. })) {
+                return Served::Again;
+            }
+            if r.is_err() {
+                // Never leave a thread asleep: it touches the page again
+                // and faults anew, or finds it.
+                let _ = self.uffd.wake(page, PAGE_SIZE as u64);
+            }
+            return Served::Done;
         };
         let start = st.start.load(Ordering::Acquire);
         let f = ((addr - start) / fs) as usize;
@@ -117,8 +126,14 @@ impl Inner {
                 return Served::Busy;
             }
             Folio::Never => {
-                if let Err(UffdError::Again { .. }) = st.zero_fill(&self.uffd, folio_addr, fs) {
-                    return Served::Again;
+                match st.zero_fill(&self.uffd, folio_addr, fs) {
+                    Err(UffdError::Again { .. }) => return Served::Again,
+                    // A thread asleep on a page nothing was put in must not
+                    // stay asleep.
+                    Err(_) => {
+                        let _ = self.uffd.wake(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64);
+                    }
+                    Ok(_) => {}
                 }
                 self.became_resident(&st, f);
                 inc(&self.counters.zero_faults);
@@ -130,9 +145,13 @@ impl Inner {
             }
             _ => {
                 // A page the program dropped from a resident folio.
-                let r = st.zero_fill(&self.uffd, addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64);
-                if let Err(UffdError::Again { .. }) = r {
-                    return Served::Again;
+                let page = addr & !(PAGE_SIZE as u64 - 1);
+                match st.zero_fill(&self.uffd, page, PAGE_SIZE as u64) {
+                    Err(UffdError::Again { .. }) => return Served::Again,
+                    Err(_) => {
+                        let _ = self.uffd.wake(page, PAGE_SIZE as u64);
+                    }
+                    Ok(_) => {}
                 }
                 inc(&self.counters.dropped_page_faults);
             }
@@ -227,6 +246,8 @@ impl Inner {
                 Err(UffdError::Again { .. }) => return Served::Again,
                 Err(e) => {
                     log::error!("UFFDIO_COPY failed: {e}");
+                    // No thread stays asleep on what was not filled.
+                    let _ = self.uffd.wake(dst + off, len - off);
                     break;
                 }
             }

@@ -59,7 +59,10 @@ impl RegionState {
         }
     }
 
-    /// `UFFDIO_ZEROPAGE` over `[addr, addr + len)` of this region.
+    /// `UFFDIO_ZEROPAGE` over `[addr, addr + len)` of this region. The
+    /// kernel fills within one of its mappings per call, and a region may
+    /// span several (the program mprotected part of it, or an adopted
+    /// neighbour did not merge): then page by page.
     pub(super) fn zero_fill(&self, uffd: &Uffd, addr: u64, len: u64) -> Result<u64, UffdError> {
         self.check("UFFDIO_ZEROPAGE", addr, len)?;
         // SAFETY: the range lay in this region, registered with `uffd`,
@@ -67,17 +70,45 @@ impl RegionState {
         // and then the ioctl fails or meets another range registered with
         // `uffd`. No Rust reference covers any of them (their bytes are
         // reached only through atomics and the kernel).
-        unsafe { uffd.zeropage(addr, len, false) }
+        let r = unsafe { uffd.zeropage(addr, len, false) };
+        if !crosses_mappings(&r, len) {
+            return r;
+        }
+        for a in (addr..addr + len).step_by(PAGE_SIZE) {
+            // SAFETY: as above, one page of the range.
+            match unsafe { uffd.zeropage(a, PAGE_SIZE as u64, false) } {
+                Err(e @ UffdError::Again { .. }) => return Err(e),
+                // Not this region's any more (unmapped, not registered):
+                // nothing to fill; the caller wakes the faulting thread.
+                Err(_) | Ok(_) => {}
+            }
+        }
+        Ok(len)
     }
 
     /// `UFFDIO_COPY` of `src` to `dst` in this region (write-protected when
     /// `wp`, for write tracking).
+    /// Page by page where the range spans more than one of the kernel's
+    /// mappings (see `zero_fill`).
     pub(super) fn copy_in(&self, uffd: &Uffd, dst: u64, src: &[u8], wp: bool) -> Result<u64, UffdError> {
         self.check("UFFDIO_COPY", dst, src.len() as u64)?;
         // SAFETY: 1. src is a live slice of src.len() bytes; 2. the
         // destination lies in this region (checked), reached only through
         // atomics and the kernel.
-        unsafe { uffd.copy_wp(dst, src.as_ptr(), src.len() as u64, false, wp) }
+        let r = unsafe { uffd.copy_wp(dst, src.as_ptr(), src.len() as u64, false, wp) };
+        if !crosses_mappings(&r, src.len() as u64) {
+            return r;
+        }
+        for (i, page) in src.chunks(PAGE_SIZE).enumerate() {
+            let a = dst + (i * PAGE_SIZE) as u64;
+            // SAFETY: as above, one page of each.
+            match unsafe { uffd.copy_wp(a, page.as_ptr(), page.len() as u64, false, wp) } {
+                Err(e @ UffdError::Again { .. }) => return Err(e),
+                Err(e) => log::error!("UFFDIO_COPY of a page failed: {e}"),
+                Ok(_) => {}
+            }
+        }
+        Ok(src.len() as u64)
     }
 
     /// `UFFDIO_MOVE` of `[src, src + len)` of this region to `dst` in the
@@ -136,6 +167,14 @@ impl RegionState {
     pub(super) fn swap_folio(&self, f: usize, s: Folio) -> Folio {
         Folio::from_u8(self.state[f].swap(s as u8, Ordering::AcqRel))
     }
+}
+
+/// Whether an ioctl over `len` bytes failed because the range is not within
+/// one of the kernel's mappings (ENOENT or EINVAL), so that it is worth
+/// retrying page by page.
+fn crosses_mappings(r: &Result<u64, UffdError>, len: u64) -> bool {
+    len > PAGE_SIZE as u64
+        && matches!(r, Err(UffdError::Ioctl { errno: rustix::io::Errno::NOENT | rustix::io::Errno::INVAL, .. }))
 }
 
 /// Memory handed out by a [`Pager`]. Unmapped (and its entries dropped) on drop.
