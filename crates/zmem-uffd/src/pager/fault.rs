@@ -99,9 +99,9 @@ impl Inner {
             // Not a region (a staging page, or a region being torn down):
             // map a zero page so that the thread is not stuck.
             inc(&self.counters.stray_faults);
+            let page = addr & !(PAGE_SIZE as u64 - 1);
             // SAFETY: an address of a range registered with our uffd, which
             // no Rust reference covers.
-            let page = addr & !(PAGE_SIZE as u64 - 1);
             let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, false) };
             if matches!(r, Err(UffdError::Again { .. })) {
                 return Served::Again;

@@ -75,12 +75,12 @@ impl RegionState {
             return r;
         }
         for a in (addr..addr + len).step_by(PAGE_SIZE) {
+            // Any other error: not this region's any more (unmapped, not
+            // registered), nothing to fill; the caller wakes the faulting
+            // thread.
             // SAFETY: as above, one page of the range.
-            match unsafe { uffd.zeropage(a, PAGE_SIZE as u64, false) } {
-                Err(e @ UffdError::Again { .. }) => return Err(e),
-                // Not this region's any more (unmapped, not registered):
-                // nothing to fill; the caller wakes the faulting thread.
-                Err(_) | Ok(_) => {}
+            if let Err(e @ UffdError::Again { .. }) = unsafe { uffd.zeropage(a, PAGE_SIZE as u64, false) } {
+                return Err(e);
             }
         }
         Ok(len)
