@@ -7,6 +7,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use zmem_settings::Settings;
+use zmem_uffd::tree::Tree;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
@@ -74,6 +75,65 @@ fn preload_path() -> Result<PathBuf> {
     )
 }
 
+/// The tree's accounting segment, in `/dev/shm` (or the temporary
+/// directory). Removed once no process of the tree holds a slot; one that
+/// outlives `zmem run` (a daemon) leaves it behind, and a later `zmem run`
+/// removes it once the daemon is gone.
+struct TreeFile {
+    path: PathBuf,
+    tree: Tree,
+}
+
+impl TreeFile {
+    const PREFIX: &'static str = "zmem-tree-";
+
+    fn dir() -> PathBuf {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        }
+    }
+
+    fn create(limit: usize) -> Result<TreeFile> {
+        let dir = Self::dir();
+        Self::remove_stale(&dir);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!("{}{}-{nanos:x}", Self::PREFIX, std::process::id()));
+        let tree = Tree::create(&path, limit).with_context(|| "create the process tree's accounting segment")?;
+        Ok(TreeFile { path, tree })
+    }
+
+    /// Segments of earlier runs whose processes are all gone.
+    fn remove_stale(dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            if !e.file_name().to_string_lossy().starts_with(Self::PREFIX) {
+                continue;
+            }
+            let old =
+                e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().unwrap_or_default().as_secs() > 10);
+            if let Ok(t) = Tree::open(&p) {
+                t.sweep();
+                if old && t.members().is_empty() {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TreeFile {
+    fn drop(&mut self) {
+        self.tree.sweep();
+        if self.tree.members().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The environment's ZMEM_* settings, overridden by the flags.
     // Read as bytes: other variables may hold anything.
@@ -95,7 +155,13 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     // A bad value is an error here, before the program starts.
-    Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
+    let settings =
+        Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
+    // One limit for the whole process tree: every process the program
+    // starts (fork, exec) joins this segment through ZMEM_TREE.
+    let tree = TreeFile::create(settings.limit)?;
+    vars.retain(|(k, _)| k != "ZMEM_TREE");
+    vars.push(("ZMEM_TREE".into(), tree.path.display().to_string()));
     let so = preload_path()?;
     let mut preload = so.into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -105,6 +171,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
     let status = cmd.status().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
+    drop(tree);
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Ok(std::process::ExitCode::from(code as u8))
@@ -164,8 +231,30 @@ pub fn stats(args: &StatsArgs) -> Result<()> {
     });
     println!("zmem stats for pid {} (updated {} ms ago)", args.pid, age.unwrap_or(0));
     for (k, v) in &l {
-        if k != "updated_unix_ms" && k != "pid" {
+        if k != "updated_unix_ms" && k != "pid" && !k.starts_with("tree.") {
             println!("  {k:<40} {}", v.to_string().trim_matches('"'));
+        }
+    }
+    let tree = &v["tree"];
+    if tree.is_object() {
+        let mib = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
+        println!(
+            "process tree: limit {:.1} MiB, usage {:.1} MiB, peak {:.1} MiB ({})",
+            mib(&tree["limit"]),
+            mib(&tree["usage_bytes"]),
+            mib(&tree["peak_usage_bytes"]),
+            tree["path"].as_str().unwrap_or("?")
+        );
+        println!("  {:>8} {:>10} {:>10} {:>10} {:>12}", "pid", "usage MiB", "share MiB", "peak MiB", "evicted");
+        for m in tree["processes"].as_array().into_iter().flatten() {
+            println!(
+                "  {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12}",
+                m["pid"],
+                mib(&m["usage_bytes"]),
+                mib(&m["share_bytes"]),
+                mib(&m["peak_usage_bytes"]),
+                m["evicted_folios"]
+            );
         }
     }
     Ok(())

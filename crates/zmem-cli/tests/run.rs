@@ -293,6 +293,85 @@ fn redis_server_on_jemalloc_loads_saves_in_the_background_and_reads_back_its_key
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// The anonymous memory of every process in `root`'s tree (itself and its
+/// descendants), in bytes, as the kernel counts it (`RssAnon`).
+fn tree_rss_anon(root: u32) -> u64 {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(ppid) = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok()) else {
+            continue;
+        };
+        children.entry(ppid).or_default().push(pid);
+    }
+    let (mut todo, mut total) = (vec![root], 0);
+    while let Some(p) = todo.pop() {
+        todo.extend(children.get(&p).into_iter().flatten());
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok());
+        total += kb.unwrap_or(0) << 10;
+    }
+    total
+}
+
+/// stress-ng's vm stressor: two forked workers, each filling and verifying
+/// 96 MiB, under one 64M limit for the whole tree. Each process runs a
+/// pager of its own (a forked child starts one); the limit is shared
+/// through the tree's segment. Checked: stress-ng's own verification, that
+/// the workers evicted, that the tree's summed usage (as the processes
+/// published it) stayed within the limit plus slack, and that what the
+/// kernel counts (RssAnon over every process of the tree, sampled every
+/// 20 ms) did too: the limit plus zmem's own memory in each worker (its
+/// heap, the mempool's free pages, staging). Without a tree limit each
+/// worker took the whole limit (2x).
+#[test]
+fn stress_ng_vm_workers_share_one_limit_for_the_whole_tree() {
+    let stats = tmpdir("stress-stats");
+    let swap = tmpdir("stress-swap");
+    let child = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(["run", "--limit", "64M", "--swapfile", swap.to_str().unwrap(), "--"])
+        .args(["stress-ng", "--vm", "2", "--vm-bytes", "96M", "--verify", "--timeout", "8s"])
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_STATS_DIR", &stats)
+        .env("ZMEM_STATS_INTERVAL_MS", "50")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("stress-ng (Debian's; .ci/run installs it)");
+    let root = child.id();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Path::new(&format!("/proc/{root}")).exists() && Instant::now() < deadline {
+            if std::fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|s| s.contains(") Z")) {
+                break;
+            }
+            peak = peak.max(tree_rss_anon(root));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    });
+    let o = child.wait_with_output().unwrap();
+    let rss_peak = sampler.join().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("successful run completed"), "{}", text(&o));
+    let evicted = pager_max(&stats, "evicted_folios");
+    let tree_peak = std::fs::read_dir(&stats)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok()?["tree"]["peak_usage_bytes"].as_u64())
+        .max()
+        .unwrap_or(0);
+    eprintln!("evicted {evicted} folios; tree usage peak {} MiB; RssAnon peak {} MiB", tree_peak >> 20, rss_peak >> 20);
+    assert!(evicted > 0, "{}", text(&o));
+    assert!(tree_peak > 32 << 20 && tree_peak <= (64 + 8) << 20, "tree usage peak {tree_peak}");
+    assert!(rss_peak <= (64 + 2 * 24) << 20, "RssAnon over the tree peaked at {} MiB", rss_peak >> 20);
+}
+
 #[test]
 fn the_exit_status_and_signals_pass_through() {
     let o = zmem(&["run", "--", "sh", "-c", "exit 7"], &[], 30);
@@ -397,8 +476,16 @@ fn zmem_stats_reads_a_running_process() {
     let o = zmem(&["stats", pid, "--prometheus"], &[("ZMEM_STATS_DIR", dir)], 30);
     let p = String::from_utf8_lossy(&o.stdout);
     assert!(p.contains(&format!("zmem_pager_evicted_folios{{pid=\"{pid}\"}}")), "{p}");
+    // The process tree that shares the limit, with this process in it.
+    assert_eq!(v["tree"]["limit"], 32 << 20, "{v}");
+    let members = v["tree"]["processes"].as_array().unwrap();
+    assert!(
+        members.iter().any(|m| m["pid"].as_u64() == pid.parse().ok() && m["usage_bytes"].as_u64() > Some(0)),
+        "{v}"
+    );
     let o = zmem(&["stats", pid], &[("ZMEM_STATS_DIR", dir)], 30);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("tier.zswpout"), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("tier.zswpout") && out.contains("process tree: limit 32.0 MiB"), "{}", text(&o));
     assert!(child.wait().unwrap().success());
     let o = zmem(&["stats", "999999999"], &[("ZMEM_STATS_DIR", dir)], 30);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("zmem run"), "{}", text(&o));

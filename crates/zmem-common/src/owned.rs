@@ -81,6 +81,21 @@ pub fn scan_lock() -> RwLockWriteGuard<'static, ()> {
     SPAWN.write_ok()
 }
 
+/// Both of this module's locks, held by a forking thread across fork: a
+/// lock another thread held at fork would stay held for good in the child.
+#[derive(Debug)]
+pub struct ForkGuard {
+    _ranges: std::sync::MutexGuard<'static, BTreeMap<u64, (u64, Kind)>>,
+    _spawns: RwLockWriteGuard<'static, ()>,
+}
+
+/// Takes both locks (see [`ForkGuard`]); drop it after fork, in the parent
+/// and in the child.
+pub fn fork_lock() -> ForkGuard {
+    let _spawns = scan_lock();
+    ForkGuard { _ranges: RANGES.lock_ok(), _spawns }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 use zmem_common::RwLockExt;
 
@@ -15,35 +15,64 @@ use crate::stats::stats_main;
 
 /// A managed mapping.
 pub(crate) struct Managed {
-    pub(crate) region: Region,
+    /// The pager's region; `None` for one inherited from the parent process
+    /// at fork: plain memory of this process, which its own pager adopted.
+    pub(crate) region: Option<Region>,
+    /// Bytes mapped.
+    pub(crate) cap: usize,
     /// Bytes the program asked for (what `malloc_usable_size` reports).
     pub(crate) len: usize,
     /// Bytes the program has unmapped (partial munmaps).
     pub(crate) unmapped: usize,
 }
 
+/// A running shim: this process's pager.
 pub(crate) struct Shim {
     pub(crate) pager: Pager,
     pub(crate) settings: Settings,
-    pub(crate) regions: RwLock<Table>,
 }
 
-pub(crate) static SHIM: OnceLock<Option<Shim>> = OnceLock::new();
+/// The managed mappings by start. Kept apart from the shim: a forked child
+/// keeps the table (its entries become inherited ones) under a pager of
+/// its own.
+pub(crate) static REGIONS: RwLock<Table> = RwLock::new(BTreeMap::new());
+/// This process's shim: null before the start, or when it could not start.
+/// Each is leaked (a forked child abandons its parent's without dropping
+/// it: that pager's threads are not in the child).
+static CURRENT: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+/// The first start has been tried.
+static TRIED: OnceLock<()> = OnceLock::new();
 /// Managed mappings alive: `free` looks up only while there are some.
 pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// In a forked child: no new memory is managed, and the parent's regions
-/// are plain memory of the child (see `before_fork`).
+/// A forked child whose own pager could not start: it manages nothing new,
+/// and the parent's regions are plain memory of the child.
 pub(crate) static CHILD: AtomicBool = AtomicBool::new(false);
 /// The shim panicked once: it manages no new memory.
 pub(crate) static BROKEN: AtomicBool = AtomicBool::new(false);
 
 type Table = BTreeMap<usize, Managed>;
 
+/// What the forking thread holds from the prepare step of fork to its
+/// parent or child step: no region is made or freed meanwhile, no range of
+/// zmem's is being recorded, and the child starts with all of it unlocked.
+struct ForkGuards {
+    table: RwLockWriteGuard<'static, Table>,
+    owned: zmem_common::owned::ForkGuard,
+}
+
 thread_local! {
-    /// The table's write guard, held by the forking thread from the
-    /// prepare step of fork to its parent or child step: no region is made
-    /// or freed meanwhile, and the child starts with the table unlocked.
-    static FORK_GUARD: RefCell<Option<RwLockWriteGuard<'static, Table>>> = const { RefCell::new(None) };
+    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+/// This process's running shim, if any.
+pub(crate) fn current() -> Option<&'static Shim> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: CURRENT is null or a leaked `Box<Shim>`, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn install(s: Shim) {
+    CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
 }
 
 /// pthread_atfork's prepare step: the child must see exactly the parent's
@@ -53,37 +82,69 @@ thread_local! {
 /// vfork and posix_spawn run no atfork handlers, and need none: the child
 /// execs (or exits) without touching the parent's memory.
 extern "C" fn before_fork() {
-    let Some(Some(s)) = SHIM.get() else { return };
-    if CHILD.load(Ordering::Relaxed) {
-        return;
-    }
     guarded(|| {
-        let g = s.regions.write_ok();
-        s.pager.fork_prepare();
-        FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+        let table = REGIONS.write_ok();
+        if let Some(s) = current() {
+            s.pager.fork_prepare();
+        }
+        let owned = zmem_common::owned::fork_lock();
+        FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { table, owned }));
         // Last: nothing above may allocate once it is held.
         crate::heap::fork_lock();
     });
 }
 
 extern "C" fn after_fork_in_parent() {
-    let Some(Some(s)) = SHIM.get() else { return };
-    if CHILD.load(Ordering::Relaxed) {
-        return;
-    }
     guarded(|| {
         crate::heap::fork_unlock();
-        FORK_GUARD.with(|f| f.borrow_mut().take());
-        s.pager.fork_parent();
+        FORK_GUARDS.with(|f| f.borrow_mut().take());
+        if let Some(s) = current() {
+            s.pager.fork_parent();
+        }
     });
 }
 
+/// In the child: the parent's pager is the parent's (its threads are not
+/// here, and its userfaultfd registration was not inherited), so it is
+/// abandoned, and the child starts a pager of its own under the same
+/// settings (and in the same tree). The parent's regions, whole since the
+/// prepare step, become inherited entries of the table, adopted by the new
+/// pager.
 extern "C" fn after_fork_in_child() {
-    CHILD.store(true, Ordering::Relaxed);
     // This thread is the child's only one, and held the guards at fork.
     let _ = guarded(|| {
         crate::heap::fork_unlock();
-        FORK_GUARD.with(|f| f.borrow_mut().take());
+        let guards = FORK_GUARDS.with(|f| f.borrow_mut().take());
+        let Some(parent) = current() else { return };
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+        let mut inherited = Vec::new();
+        if let Some(ForkGuards { mut table, owned }) = guards {
+            drop(owned);
+            for (&start, m) in table.iter_mut() {
+                if let Some(r) = m.region.take() {
+                    // The region's drop would reach the parent's pager.
+                    std::mem::forget(r);
+                    // No longer zmem's: the child's pager may adopt it.
+                    zmem_common::owned::remove(start as u64);
+                    inherited.push((start, m.cap));
+                }
+            }
+        }
+        // SAFETY: the parent's shim is leaked, and this process never
+        // reaches it again (CURRENT no longer points to it).
+        unsafe { parent.pager.abandon_in_child() };
+        match start(parent.settings.clone()) {
+            Some(s) => {
+                s.pager.mark_forked();
+                for (start, cap) in inherited {
+                    if let Err(e) = s.pager.adopt(start as u64, cap) {
+                        log::debug!("inherited mapping at {start:#x} not adopted: {e}");
+                    }
+                }
+                install(s);
+            }
+            None => CHILD.store(true, Ordering::Relaxed),
+        }
     });
 }
 
@@ -94,20 +155,28 @@ extern "C" fn after_fork_in_child() {
 /// wait on for good. Mappings made before the start are not managed.
 #[used]
 #[unsafe(link_section = ".init_array")]
-static START: extern "C" fn() = start;
+static START: extern "C" fn() = start_at_load;
 
-extern "C" fn start() {
+extern "C" fn start_at_load() {
     let _ = shim();
 }
 
 pub(crate) fn shim() -> Option<&'static Shim> {
+    if let Some(s) = current() {
+        return Some(s);
+    }
     if CHILD.load(Ordering::Relaxed) {
         return None;
     }
-    SHIM.get_or_init(|| guarded(init).flatten()).as_ref()
+    TRIED.get_or_init(|| {
+        if let Some(s) = guarded(init).flatten() {
+            install(s);
+        }
+    });
+    current()
 }
 
-pub(crate) fn init() -> Option<Shim> {
+fn init() -> Option<Shim> {
     zmem_common::init_stderr_logger();
     let settings = match Settings::from_env() {
         Ok(s) if s.disable => return None,
@@ -117,23 +186,38 @@ pub(crate) fn init() -> Option<Shim> {
             return None;
         }
     };
+    let s = start(settings)?;
+    // SAFETY: registers plain functions with no arguments. Each runs
+    // guarded; the child step starts this process's own pager, with glibc's
+    // locks (malloc's included) reset and zmem's released.
+    let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
+    if r != 0 {
+        log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
+    }
+    Some(s)
+}
+
+/// A pager under `settings`, and the thread that writes its stats file.
+fn start(settings: Settings) -> Option<Shim> {
     let mut cfg = settings.pager_config();
     cfg.thread_init = Some(mark_internal_thread);
     cfg.keep_on_fork = true;
-    let pager = match Pager::new(cfg) {
+    let pager = match Pager::new(cfg.clone()) {
+        // A tree whose segment is gone (its `zmem run` ended): this process
+        // keeps the limit to itself.
+        Err(zmem_uffd::PagerError::Tree(e)) => {
+            log::warn!("{e}; this process takes the whole limit");
+            Pager::new(zmem_uffd::PagerConfig { tree: None, ..cfg })
+        }
+        r => r,
+    };
+    let pager = match pager {
         Ok(p) => p,
         Err(e) => {
             log::warn!("cannot start the pager, the shim is off: {e}");
             return None;
         }
     };
-    // SAFETY: registers plain functions with no arguments. The child step
-    // stores to an atomic and unlocks the table this thread locked; glibc
-    // runs it with its own locks (malloc's included) reset.
-    let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
-    if r != 0 {
-        log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
-    }
     let stats_dir = settings.stats_dir.clone();
     let interval = settings.stats_interval;
     let spawned = std::thread::Builder::new().name("zmem-stats".into()).spawn(move || {
@@ -143,7 +227,7 @@ pub(crate) fn init() -> Option<Shim> {
     if let Err(e) = spawned {
         log::warn!("no stats thread: {e}");
     }
-    Some(Shim { pager, settings, regions: RwLock::new(BTreeMap::new()) })
+    Some(Shim { pager, settings })
 }
 
 /// Maps `len` bytes of managed memory, or `None` (the caller falls back).
@@ -152,7 +236,8 @@ pub(crate) fn managed_alloc(len: usize) -> Option<*mut c_void> {
     guarded(|| {
         let region = s.pager.map(len).map_err(|e| log::warn!("a managed mapping failed: {e}")).ok()?;
         let addr = region.addr() as usize;
-        s.regions.write_ok().insert(addr, Managed { region, len, unmapped: 0 });
+        let cap = region.len();
+        REGIONS.write_ok().insert(addr, Managed { region: Some(region), cap, len, unmapped: 0 });
         LIVE.fetch_add(1, Ordering::Relaxed);
         Some(addr as *mut c_void)
     })
@@ -168,35 +253,30 @@ pub(crate) fn lookup(addr: usize) -> Option<(usize, usize, usize)> {
     if in_zmem() || LIVE.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    let s = SHIM.get()?.as_ref()?;
     guarded(|| {
-        let regions = s.regions.read_ok();
+        let regions = REGIONS.read_ok();
         let (&start, m) = regions.range(..=addr).next_back()?;
-        (addr < start + m.region.len()).then_some((start, m.region.len(), m.len))
+        (addr < start + m.cap).then_some((start, m.cap, m.len))
     })
     .flatten()
 }
 
-/// Drops the managed mapping at `start`. In a forked child it is plain
-/// memory: unmapped, with nothing of the pager's touched.
+/// Drops the managed mapping at `start`. One inherited from the parent at
+/// fork is plain memory: unmapped (this process's pager, if it adopted it,
+/// sees the unmap).
 pub(crate) fn managed_free(start: usize) {
-    let Some(s) = SHIM.get().and_then(Option::as_ref) else { return };
     guarded(|| {
-        let m = s.regions.write_ok().remove(&start);
+        let m = REGIONS.write_ok().remove(&start);
         if m.is_some() {
             LIVE.fetch_sub(1, Ordering::Relaxed);
         }
-        match m {
-            Some(m) if CHILD.load(Ordering::Relaxed) => {
-                let len = m.region.len();
-                // The region's drop would reach the parent's pager.
-                std::mem::forget(m);
-                // SAFETY: [start, start + len) is the child's copy of the
-                // region, which the program gave up.
-                unsafe { libc::syscall(libc::SYS_munmap, start, len) };
-            }
-            m => drop(m), // unmaps and frees its entries, outside the table lock
+        if let Some(Managed { region: None, cap, .. }) = m {
+            // SAFETY: [start, start + cap) is this process's copy of a
+            // parent's region, which the program gave up.
+            unsafe { libc::syscall(libc::SYS_munmap, start, cap) };
         }
+        // A region unmaps and frees its entries as it drops, outside the
+        // table lock.
     });
 }
 
@@ -206,7 +286,11 @@ pub(crate) fn wants(len: usize) -> bool {
 
 pub(crate) fn threshold() -> usize {
     // Before the shim is up, the default; the first large request starts it.
-    SHIM.get().map_or(Settings::DEFAULT_THRESHOLD, |s| s.as_ref().map_or(usize::MAX, |s| s.settings.threshold))
+    match current() {
+        Some(s) => s.settings.threshold,
+        None if TRIED.get().is_some() || CHILD.load(Ordering::Relaxed) => usize::MAX,
+        None => Settings::DEFAULT_THRESHOLD,
+    }
 }
 
 pub(crate) fn set_errno(e: c_int) {

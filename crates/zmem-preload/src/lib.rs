@@ -25,15 +25,23 @@
 //! straight through. zmem's own big mappings (regions, staging, the
 //! mempool) are made with raw syscalls and never reach these symbols.
 //!
-//! # fork and exec
+//! # fork, exec and the process tree
 //! A forked child inherits the regions whole: the prepare step of fork loads
 //! every evicted folio back and freezes reclaim until the parent step
-//! (`Pager::fork_prepare`). In the child the regions are plain memory (the
-//! child has neither the pager's threads nor a userfaultfd registration):
-//! it manages no new memory, and its frees of the parent's regions unmap
-//! them. vfork and posix_spawn run no atfork handlers and need none. `exec`
-//! starts afresh: the environment carries `LD_PRELOAD` and the settings, so
-//! the new program gets its own pager.
+//! (`Pager::fork_prepare`). The child abandons the parent's pager (its
+//! threads are not in the child; its userfaultfd and swap file are closed)
+//! and starts one of its own under the same settings, which adopts the
+//! inherited regions: they stay in the table as plain memory of the child's
+//! (`Managed::region` is `None`), and the child's memory stays managed.
+//! The forking thread holds the table, zmem's range records
+//! (`owned::fork_lock`) and zmem's heap across fork, so that no lock is
+//! left held in the child. vfork and posix_spawn run no atfork handlers and
+//! need none. `exec` starts afresh: the environment carries `LD_PRELOAD`
+//! and the settings, so the new program gets its own pager.
+//!
+//! Every process of a `zmem run` shares one limit: `ZMEM_TREE` names the
+//! tree's accounting segment (`zmem_uffd::tree`), and each pager keeps its
+//! usage within its share.
 //!
 //! # Partial munmap
 //! Unmapping part of a managed mapping drops its pages (`MADV_DONTNEED`, so

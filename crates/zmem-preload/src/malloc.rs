@@ -8,7 +8,7 @@ use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
 use crate::heap;
-use crate::init::{lookup, managed_alloc, managed_free, set_errno, threshold, wants, SHIM};
+use crate::init::{current, lookup, managed_alloc, managed_free, set_errno, threshold, wants, REGIONS};
 use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
 
@@ -117,13 +117,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if let Some((start, cap, len)) = ours {
         if size <= cap && size >= threshold() / 2 {
             // Fits: keep it (a shrink leaves the tail mapped).
-            if let Some(s) = SHIM.get().and_then(Option::as_ref) {
-                guarded(|| {
-                    if let Some(m) = s.regions.write_ok().get_mut(&start) {
-                        m.len = size;
-                    }
-                });
-            }
+            guarded(|| {
+                if let Some(m) = REGIONS.write_ok().get_mut(&start) {
+                    m.len = size;
+                }
+            });
             return p;
         }
         // SAFETY: malloc with the caller's size.
@@ -161,7 +159,7 @@ pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
         Allocator::Glibc => {}
     }
     // Regions are folio-aligned.
-    let folio = SHIM.get().and_then(Option::as_ref).map_or(64 << 10, |s| s.settings.folio);
+    let folio = current().map_or(64 << 10, |s| s.settings.folio);
     if align <= folio && wants(size) {
         if let Some(p) = managed_alloc(size) {
             return p;

@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
-use crate::init::{lookup, managed_alloc, managed_free, set_errno, wants, SHIM};
+use crate::init::{current, lookup, managed_alloc, managed_free, set_errno, wants, REGIONS};
 use crate::PAGE;
 
 pub(crate) fn raw_mmap(
@@ -36,7 +36,7 @@ pub unsafe extern "C" fn mmap(
     // Never the shim's start: this mmap may come from inside an allocator's
     // own start-up (jemalloc's, from its first malloc), whose lock the
     // shim's start would wait on. The shim starts from its constructor.
-    let started = SHIM.get().is_some_and(Option::is_some);
+    let started = current().is_some();
     if started && addr.is_null() && plain && prot == libc::PROT_READ | libc::PROT_WRITE && fd == -1 && wants(len) {
         if let Some(p) = managed_alloc(len) {
             return p;
@@ -79,16 +79,13 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         unsafe {
             libc::syscall(libc::SYS_mprotect, pa, plen, libc::PROT_NONE);
         }
-        let whole = SHIM.get().and_then(Option::as_ref).is_some_and(|s| {
-            guarded(|| {
-                let mut r = s.regions.write_ok();
-                r.get_mut(&start).is_some_and(|m| {
-                    m.unmapped += plen;
-                    m.unmapped >= cap
-                })
+        let whole = guarded(|| {
+            REGIONS.write_ok().get_mut(&start).is_some_and(|m| {
+                m.unmapped += plen;
+                m.unmapped >= cap
             })
-            .unwrap_or(false)
-        });
+        })
+        .unwrap_or(false);
         if whole {
             managed_free(start);
         }
@@ -116,13 +113,11 @@ pub unsafe extern "C" fn mremap(
             return libc::MAP_FAILED;
         }
         if new_len <= cap {
-            if let Some(s) = SHIM.get().and_then(Option::as_ref) {
-                guarded(|| {
-                    if let Some(m) = s.regions.write_ok().get_mut(&start) {
-                        m.len = new_len;
-                    }
-                });
-            }
+            guarded(|| {
+                if let Some(m) = REGIONS.write_ok().get_mut(&start) {
+                    m.len = new_len;
+                }
+            });
             return old;
         }
         if flags & libc::MREMAP_MAYMOVE == 0 {
@@ -146,8 +141,8 @@ pub unsafe extern "C" fn mremap(
     }
     // An adopted mapping's evicted pages cannot follow a move that splits
     // its region: load them first.
-    if let Some(s) = SHIM.get().and_then(Option::as_ref) {
-        if !crate::init::CHILD.load(std::sync::atomic::Ordering::Relaxed) && !crate::guard::in_zmem() {
+    if let Some(s) = current() {
+        if !crate::guard::in_zmem() {
             guarded(|| s.pager.prepare_remap(old as u64, old_len));
         }
     }

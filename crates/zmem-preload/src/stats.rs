@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::init::{Shim, CHILD, LIVE, SHIM};
+use crate::init::{current, Shim, LIVE};
 use crate::PAGE;
 
 /// (written to a temporary name and renamed, so readers see whole files).
@@ -16,10 +16,7 @@ pub(crate) fn stats_main(dir: &std::path::Path, interval: std::time::Duration) {
     let path = dir.join(format!("zmem-{pid}.json"));
     let tmp = dir.join(format!(".zmem-{pid}.json.tmp"));
     loop {
-        if CHILD.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Some(s) = SHIM.get().and_then(Option::as_ref) {
+        if let Some(s) = current() {
             let json = stats_json(s);
             if std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path)).is_err() {
                 return;
@@ -40,6 +37,29 @@ pub(crate) fn stats_json(s: &Shim) -> String {
         .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map_or(0, |pages| pages * PAGE as u64);
     let cached = s.pager.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
+    // The process tree that shares the limit: its usage and each process's.
+    let tree = s.pager.tree().map_or(serde_json::Value::Null, |t| {
+        let members: Vec<_> = t
+            .members()
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "pid": m.pid,
+                    "usage_bytes": m.usage,
+                    "peak_usage_bytes": m.peak,
+                    "share_bytes": m.share,
+                    "evicted_folios": m.evicted,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "path": s.settings.tree.as_ref().map(|p| p.display().to_string()),
+            "limit": t.limit(),
+            "usage_bytes": t.usage(),
+            "peak_usage_bytes": t.peak(),
+            "processes": members,
+        })
+    });
     serde_json::json!({
         "pid": std::process::id(),
         "footprint": {
@@ -56,6 +76,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
         "managed_mappings": LIVE.load(Ordering::Relaxed),
         "pager": {
             "usage_bytes": p.usage_bytes,
+            "limit_bytes": p.limit_bytes,
             "resident_bytes": p.resident_bytes,
             "metadata_bytes": p.metadata_bytes,
             "zero_faults": p.zero_faults,
@@ -75,12 +96,15 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "move_recounts": p.move_recounts,
             "fork_loads": p.fork_loads,
             "cow_breaks": p.cow_breaks,
+            "shared_parks": p.shared_parks,
+            "shared_bytes": p.shared_bytes,
             "mapping_scans": p.mapping_scans,
             "adopted_regions": p.adopted_regions,
             "adopted_bytes": p.adopted_bytes,
             "retired_regions": p.retired_regions,
         },
         "tier": tier,
+        "tree": tree,
     })
     .to_string()
 }

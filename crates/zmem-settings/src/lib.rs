@@ -17,6 +17,7 @@
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
+//! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
 //! | `ZMEM_DISABLE` | `0` | `1`: the shim passes everything through |
 #![forbid(unsafe_code)]
 
@@ -44,6 +45,8 @@ pub struct Settings {
     pub folio: usize,
     pub stats_dir: PathBuf,
     pub stats_interval: Duration,
+    /// The process tree's accounting segment (`zmem_uffd::tree`).
+    pub tree: Option<PathBuf>,
     pub disable: bool,
 }
 
@@ -120,6 +123,7 @@ impl Default for Settings {
             folio: defaults::FOLIO_SIZE,
             stats_dir: PathBuf::from("/tmp/zmem-stats"),
             stats_interval: Duration::from_millis(1000),
+            tree: None,
             disable: false,
         }
     }
@@ -169,6 +173,7 @@ impl Settings {
                     s.stats_interval = Duration::from_millis(ms.max(10));
                 }
                 "ZMEM_DISABLE" => s.disable = parse_bool(k, v)?,
+                "ZMEM_TREE" => s.tree = (!v.is_empty()).then(|| PathBuf::from(v)),
                 k if k.starts_with("ZMEM_") && k != "ZMEM_PRELOAD" => {
                     return Err(format!("{k}: unknown setting (see `zmem run --help`)"));
                 }
@@ -220,6 +225,7 @@ impl Settings {
             stacks: self.stacks,
             interval: self.scan_interval,
         });
+        cfg.tree = self.tree.clone();
         cfg
     }
 }

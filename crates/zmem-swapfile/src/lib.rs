@@ -212,6 +212,18 @@ fn rand_u64() -> u64 {
 }
 
 impl SwapFile {
+    /// The file descriptors this swap file holds open (see
+    /// `zmem_uffd::Pager::abandon_in_child`, which closes them in a forked
+    /// child that will never use them).
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let mut v = vec![self.file.as_raw_fd()];
+        v.extend(self.buffered.get().map(AsRawFd::as_raw_fd));
+        v
+    }
+}
+
+impl SwapFile {
     /// Creates a nameless swap file in `cfg.dir`.
     ///
     /// # Errors

@@ -13,6 +13,7 @@ pub mod mapping;
 pub mod pagemap;
 pub mod pager;
 pub mod sys;
+pub mod tree;
 pub mod vmas;
 
 pub use mapping::Mapping;

@@ -24,6 +24,8 @@ pub struct PageMap {
 /// Pagemap entry bits: the page is present, or swapped out by the kernel.
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAP: u64 = 1 << 62;
+/// The page is mapped by this process only (its map count is one).
+const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
 
 impl PageMap {
     /// # Errors
@@ -39,6 +41,71 @@ impl PageMap {
     /// # Errors
     /// The read's error (a short read counts as EIO).
     pub fn mapped(&self, addr: u64, n: usize) -> Result<Vec<bool>, UffdError> {
+        Ok(self.entries(addr, n)?.into_iter().map(|e| e & (PM_PRESENT | PM_SWAP) != 0).collect())
+    }
+
+    /// Whether any of the `n` pages from `addr` is present and mapped by
+    /// another process too (a fork left it shared). One `pread`.
+    ///
+    /// # Errors
+    /// As [`mapped`](Self::mapped).
+    /// The shared zero page (a read of a never-written page) is not
+    /// counted: it is mapped by everyone and costs nothing, and pagemap
+    /// shows it present and not exclusive, as a shared page.
+    pub fn any_shared(&self, addr: u64, n: usize) -> Result<bool, UffdError> {
+        let e = self.entries(addr, n)?;
+        let candidates: Vec<usize> =
+            (0..n).filter(|&i| e[i] & PM_PRESENT != 0 && e[i] & PM_MMAP_EXCLUSIVE == 0).collect();
+        if candidates.is_empty() {
+            return Ok(false);
+        }
+        let zero = self.zero_pages(addr, n)?;
+        Ok(candidates.into_iter().any(|i| !zero[i]))
+    }
+
+    /// Which of the `n` pages from `addr` map the shared zero page
+    /// (`PAGEMAP_SCAN`, `PAGE_IS_PFNZERO`).
+    fn zero_pages(&self, addr: u64, n: usize) -> Result<Vec<bool>, UffdError> {
+        let end = addr + (n * PAGE_SIZE) as u64;
+        let mut zero = vec![false; n];
+        let mut buf = vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 32];
+        let mut at = addr;
+        while at < end {
+            let mut a = uapi::pm_scan_arg {
+                size: std::mem::size_of::<uapi::pm_scan_arg>() as u64,
+                flags: 0,
+                start: at,
+                end,
+                walk_end: 0,
+                vec: buf.as_mut_ptr() as u64,
+                vec_len: buf.len() as u64,
+                max_pages: 0,
+                category_inverted: 0,
+                category_mask: u64::from(uapi::PAGE_IS_PFNZERO | uapi::PAGE_IS_PRESENT),
+                category_anyof_mask: 0,
+                return_mask: u64::from(uapi::PAGE_IS_PFNZERO),
+            };
+            // SAFETY: PAGEMAP_SCAN without WP flags only reads page tables:
+            // it reads one pm_scan_arg and writes it back (walk_end), and
+            // writes at most vec_len page_regions into buf, which outlives
+            // the call.
+            let r = unsafe { call::<PAGEMAP_SCAN, _>(self.fd.as_fd(), &mut a) };
+            r.map_err(WriteTracker::err(at, end - at))?;
+            for reg in buf.iter_mut().take_while(|r| r.end > r.start) {
+                let (a0, b0) =
+                    ((reg.start.max(addr) - addr) as usize / PAGE_SIZE, (reg.end.min(end) - addr) as usize / PAGE_SIZE);
+                zero[a0..b0].iter_mut().for_each(|z| *z = true);
+                *reg = uapi::page_region { start: 0, end: 0, categories: 0 };
+            }
+            if a.walk_end >= end || a.walk_end <= at {
+                break;
+            }
+            at = a.walk_end;
+        }
+        Ok(zero)
+    }
+
+    fn entries(&self, addr: u64, n: usize) -> Result<Vec<u64>, UffdError> {
         let mut raw = vec![0u8; n * 8];
         let at = addr / PAGE_SIZE as u64 * 8;
         let err = |errno| UffdError::Ioctl { op: "pread /proc/self/pagemap", addr, len: (n * PAGE_SIZE) as u64, errno };
@@ -46,10 +113,7 @@ impl PageMap {
         if got != raw.len() {
             return Err(err(Errno::IO));
         }
-        Ok(raw
-            .chunks_exact(8)
-            .map(|e| u64::from_ne_bytes(e.try_into().expect("8 bytes")) & (PM_PRESENT | PM_SWAP) != 0)
-            .collect())
+        Ok(raw.chunks_exact(8).map(|e| u64::from_ne_bytes(e.try_into().expect("8 bytes"))).collect())
     }
 }
 

@@ -11,7 +11,10 @@ use super::{Inner, RegionState};
 
 impl Inner {
     pub(super) fn usage(&self) -> usize {
-        self.resident.load(Ordering::Relaxed) * self.cfg.folio_size
+        // Shared folios are charged to no one; the count may run a folio
+        // behind one that was dropped meanwhile, until the next look.
+        let resident = self.resident.load(Ordering::Relaxed).saturating_sub(self.shared_folios.load(Ordering::Relaxed));
+        resident * self.cfg.folio_size
             + self.held_bytes.load(Ordering::Relaxed)
             + self.tier.pool_total_size()
             + self.metadata()
@@ -23,12 +26,27 @@ impl Inner {
             + self.tier.entry_metadata_bytes()
     }
 
+    /// The limit that applies now (see `refresh_limit`).
+    pub(super) fn limit(&self) -> usize {
+        self.limit_now.load(Ordering::Relaxed)
+    }
+
+    /// In a process tree: publishes this process's usage and takes its
+    /// share of the tree's limit as its own (see `crate::tree`). The floor
+    /// is the smallest limit a pager accepts.
+    pub(super) fn refresh_limit(&self) {
+        if let Some(m) = &self.member {
+            let floor = 4 * self.cfg.folio_size * self.cfg.reclaim_batch;
+            self.limit_now.store(m.publish(self.usage(), floor), Ordering::Relaxed);
+        }
+    }
+
     pub(super) fn high(&self) -> usize {
-        self.cfg.limit / 100 * self.cfg.high_watermark_percent as usize
+        self.limit() / 100 * self.cfg.high_watermark_percent as usize
     }
 
     pub(super) fn low(&self) -> usize {
-        self.cfg.limit / 100 * self.cfg.low_watermark_percent as usize
+        self.limit() / 100 * self.cfg.low_watermark_percent as usize
     }
 
     pub(super) fn kick_reclaim(&self) {
@@ -43,14 +61,15 @@ impl Inner {
         if self.frozen.load(Ordering::Acquire) {
             return; // a fork is being prepared: reclaim waits for it
         }
+        self.refresh_limit();
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
-        if self.usage() > self.cfg.limit && !self.soft.load(Ordering::Relaxed) {
+        if self.usage() > self.limit() && !self.soft.load(Ordering::Relaxed) {
             // Direct reclaim, bounded: wait for the reclaimer a little.
             inc(&self.counters.direct_reclaim_waits);
             let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
-            while self.usage() > self.cfg.limit && Instant::now() < deadline {
+            while self.usage() > self.limit() && Instant::now() < deadline {
                 let g = self.reclaimed.0.lock_ok();
                 let _ = self.reclaimed.1.wait_timeout(g, Duration::from_millis(1));
             }

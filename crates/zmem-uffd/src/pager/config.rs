@@ -22,6 +22,8 @@ pub enum PagerError {
     Tier(#[from] TierError),
     #[error("mmap: {0}")]
     Map(rustix::io::Errno),
+    #[error("the process tree's accounting: {0}")]
+    Tree(#[from] crate::tree::TreeError),
 }
 
 /// Settings of a pager.
@@ -63,6 +65,10 @@ pub struct PagerConfig {
     /// `adopt.rs`); `None`: only what [`Pager::map`](crate::Pager::map)
     /// hands out and [`Pager::adopt`](crate::Pager::adopt) is given.
     pub adopt: Option<AdoptConfig>,
+    /// Share one limit with a process tree through the segment at this path
+    /// (`crate::tree`): the tree's limit replaces `limit`, and this pager
+    /// keeps its usage within its share.
+    pub tree: Option<std::path::PathBuf>,
     pub tier: TierConfig,
 }
 
@@ -100,6 +106,7 @@ impl PagerConfig {
             keep_on_fork: false,
             thread_init: None,
             adopt: None,
+            tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
         }
     }

@@ -46,6 +46,34 @@ impl Pager {
         }
     }
 
+    /// In a forked child, for a pager of the parent's: closes what it holds
+    /// open (its userfaultfd and swap file), which would otherwise live as
+    /// long as the child (a daemon's swap file would keep its disk space).
+    /// Nothing else is touched: its threads are not in the child.
+    ///
+    /// # Safety
+    /// The pager is never used or dropped afterwards (the caller leaks it):
+    /// its descriptors' numbers may be reused by anything.
+    pub unsafe fn abandon_in_child(&self) {
+        use std::os::fd::AsRawFd;
+        let mut fds = vec![self.inner.uffd.as_fd().as_raw_fd()];
+        if let Some(f) = self.inner.tier.swap_file() {
+            fds.extend(f.raw_fds());
+        }
+        for fd in fds {
+            // SAFETY: fd is open and owned by this pager, which (the
+            // caller's contract) never uses or closes it again.
+            unsafe { rustix::io::close(fd) };
+        }
+    }
+
+    /// A pager started in a forked child: the child's pages are shared with
+    /// its parent until one of them writes, so reclaim makes a folio's pages
+    /// this process's own before it moves them, as after a fork of its own.
+    pub fn mark_forked(&self) {
+        self.inner.forked.store(true, Ordering::Relaxed);
+    }
+
     /// After a fork, in the parent: reclaim runs again.
     pub fn fork_parent(&self) {
         self.inner.forked.store(true, Ordering::Relaxed);

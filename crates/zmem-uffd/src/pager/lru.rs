@@ -22,11 +22,16 @@ pub(super) struct Lru<T> {
     /// Folios whose pages would not move (mlocked): not looked at until
     /// `UNEVICTABLE_RESCAN` has passed.
     pub(super) unevictable: Vec<T>,
+    /// Folios with pages a fork left shared with another process: evicting
+    /// them would free nothing (the other process keeps the pages), so
+    /// they are neither evicted nor charged (`Inner::shared_folios`) until
+    /// a look (`SHARED_RESCAN`) finds them this process's own again.
+    pub(super) shared: Vec<T>,
 }
 
 impl<T> Default for Lru<T> {
     fn default() -> Self {
-        Lru { active: VecDeque::new(), inactive: VecDeque::new(), unevictable: Vec::new() }
+        Lru { active: VecDeque::new(), inactive: VecDeque::new(), unevictable: Vec::new(), shared: Vec::new() }
     }
 }
 
@@ -42,11 +47,13 @@ pub(super) enum Look {
 
 /// How often unevictable folios go back on the inactive list for a look.
 pub(super) const UNEVICTABLE_RESCAN: Duration = Duration::from_secs(10);
+/// How often shared folios are looked at again.
+pub(super) const SHARED_RESCAN: Duration = Duration::from_millis(500);
 
 impl<T> Lru<T> {
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.active.len() + self.inactive.len() + self.unevictable.len()
+        self.active.len() + self.inactive.len() + self.unevictable.len() + self.shared.len()
     }
 
     /// Takes up to `batch` victims off the lists. `look` says what became

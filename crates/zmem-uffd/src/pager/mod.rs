@@ -68,6 +68,13 @@
 //! - fork: by default regions are `MADV_DONTFORK`: a child does not inherit
 //!   them, and touching one there is a SIGSEGV, never silently wrong data.
 //!   With `keep_on_fork` the child inherits them whole (see `fork.rs`).
+//!   Pages a fork left shared with another process are neither evicted nor
+//!   charged (`Lru::shared`) until they are this process's own again.
+//!
+//! # A process tree under one limit
+//! With `PagerConfig::tree`, the limit is the tree's, and this pager's is
+//! its share (`crate::tree`), refreshed at every throttled fault and every
+//! reclaim wake-up (`refresh_limit`).
 //!
 //! # Deadlock avoidance: the handler never waits for reclaim
 //! `madvise`, `munmap` and `mremap` of a registered range wait until the
@@ -191,6 +198,14 @@ struct Inner {
     /// The process has forked: pages may be shared with a child, and
     /// reclaim makes a folio's pages the parent's own before it moves them.
     forked: AtomicBool,
+    /// Folios on the shared list (`Lru::shared`): resident, but charged to
+    /// no one while another process maps their pages too.
+    shared_folios: AtomicUsize,
+    /// This process's slot in its tree's accounting (`PagerConfig::tree`).
+    member: Option<crate::tree::Member>,
+    /// The limit that applies now: `cfg.limit`, or this process's share of
+    /// its tree's (refreshed by `refresh_limit`).
+    limit_now: AtomicUsize,
 }
 
 /// A rejected folio's pages (`present[p]`: page `p` is in `data`).
@@ -216,7 +231,7 @@ pub struct Pager {
 
 impl std::fmt::Debug for Pager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pager").field("limit", &self.inner.cfg.limit).field("stats", &self.stats()).finish()
+        f.debug_struct("Pager").field("limit", &self.inner.limit()).field("stats", &self.stats()).finish()
     }
 }
 
@@ -257,6 +272,8 @@ impl Pager {
         if poison {
             want = want | Features::POISON;
         }
+        let member =
+            cfg.tree.as_deref().map(|p| crate::tree::Tree::open(p).and_then(crate::tree::Tree::join)).transpose()?;
         let uffd = Uffd::open(OpenMode::Auto, want)?;
         // Loads keep their entries until the folio is mapped: a COPY can fail
         // with EAGAIN (an unread event), and the pages must survive a retry.
@@ -283,6 +300,9 @@ impl Pager {
             frozen: AtomicBool::new(false),
             reclaim_gate: Mutex::new(()),
             forked: AtomicBool::new(false),
+            shared_folios: AtomicUsize::new(0),
+            limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
+            member,
             uffd,
             tier,
             cfg,

@@ -8,7 +8,7 @@ use zmem_common::{unpoison, LockExt};
 
 use zmem_tier::StoreOutcome;
 
-use super::lru::UNEVICTABLE_RESCAN;
+use super::lru::{SHARED_RESCAN, UNEVICTABLE_RESCAN};
 use super::staging::Staging;
 use super::stats::inc;
 use super::{Folio, Held, Inner, Pass, RegionState};
@@ -27,11 +27,17 @@ impl Inner {
         let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
         let mut scanned_at: Option<Instant> = None;
         let mut scanned_rss = 0;
+        let mut swept_at = Instant::now();
+        let mut shared_at = Instant::now();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
             rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()
         });
         loop {
+            if self.forked.load(Ordering::Relaxed) && shared_at.elapsed() >= SHARED_RESCAN {
+                shared_at = Instant::now();
+                self.rescan_shared(&staging);
+            }
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
                 let mut lru = self.lru.lock_ok();
@@ -51,7 +57,14 @@ impl Inner {
                 staging.unregister(&self.uffd);
                 return;
             }
-            if self.usage() <= self.cfg.limit {
+            if let Some(m) = &self.member {
+                if swept_at.elapsed() >= Duration::from_secs(1) {
+                    swept_at = Instant::now();
+                    m.tree().sweep();
+                }
+            }
+            self.refresh_limit();
+            if self.usage() <= self.limit() {
                 self.soft.store(false, Ordering::Relaxed);
             }
             let gate = self.reclaim_gate.lock_ok();
@@ -64,7 +77,7 @@ impl Inner {
                 let since = scanned_at.map_or(Duration::MAX, |t| t.elapsed());
                 let over = self.usage() > self.high();
                 let rss = statm.as_ref().and_then(resident_bytes);
-                let grew = rss.is_some_and(|r| r > scanned_rss + (self.cfg.limit / 16).max(2 << 20));
+                let grew = rss.is_some_and(|r| r > scanned_rss + (self.limit() / 16).max(2 << 20));
                 if !frozen()
                     && (since >= cfg.interval
                         || (over && since >= cfg.interval / 8)
@@ -80,6 +93,10 @@ impl Inner {
             if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
                 while self.usage() > self.low() && !frozen() {
                     let pass = self.evict_batch(&mut staging, tracker.as_mut());
+                    if let Some(m) = &self.member {
+                        m.add_evicted(pass.evicted as u64);
+                    }
+                    self.refresh_limit();
                     self.reclaimed.1.notify_all();
                     if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                         // Progress, or unevictable folios set aside: go on.
@@ -91,7 +108,7 @@ impl Inner {
                     // off or failing, or what is left is unevictable. The
                     // limit turns soft, as memory.high does, and reclaim
                     // backs off rather than spin.
-                    if self.usage() > self.cfg.limit || pass.rejected + pass.unevictable > 0 {
+                    if self.usage() > self.limit() || pass.rejected + pass.unevictable > 0 {
                         backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(2));
                         retry_at = Instant::now() + backoff;
                         if !self.soft.swap(true, Ordering::Relaxed) {
@@ -135,6 +152,9 @@ impl Inner {
         let mut isolated = Vec::new();
         let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in self.isolate_folios(tracker) {
+            if forked && self.park_if_shared(&st, f, staging) {
+                continue;
+            }
             if forked {
                 // Pages a fork left shared cannot MOVE: make them the
                 // parent's own first, while the folio is still Resident (a
@@ -247,6 +267,47 @@ impl Inner {
         self.make_exclusive(st, f, staging);
         inc(&self.counters.cow_breaks);
         self.lru_add(st, f);
+    }
+
+    /// Puts folio `f` on the shared list if another process maps some of
+    /// its pages (see `Lru::shared`). Returns whether it did.
+    fn park_if_shared(&self, st: &Arc<RegionState>, f: usize, staging: &Staging) -> bool {
+        let fs = self.cfg.folio_size;
+        let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
+        if staging.any_shared(src, fs / PAGE_SIZE) != Some(true) {
+            return false;
+        }
+        st.queued[f].store(true, Ordering::Release);
+        self.lru.lock_ok().shared.push((Arc::clone(st), f));
+        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        self.shared_folios.fetch_add(1, Ordering::Relaxed);
+        inc(&self.counters.shared_parks);
+        true
+    }
+
+    /// Looks at the shared folios again: those that are this process's own
+    /// now (the other process wrote, evicted or exited), or no longer
+    /// resident, go back on the inactive list and are charged again.
+    pub(super) fn rescan_shared(&self, staging: &Staging) {
+        let list = std::mem::take(&mut self.lru.lock_ok().shared);
+        if list.is_empty() {
+            return;
+        }
+        let fs = self.cfg.folio_size;
+        let (mut still, mut back) = (Vec::new(), Vec::new());
+        for (st, f) in list {
+            let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
+            let resident = st.folio(f) == Folio::Resident && !st.in_hole(f * fs);
+            if resident && staging.any_shared(src, fs / PAGE_SIZE) == Some(true) {
+                still.push((st, f));
+            } else {
+                back.push((st, f));
+            }
+        }
+        let mut lru = self.lru.lock_ok();
+        self.shared_folios.fetch_sub(back.len(), Ordering::Relaxed);
+        lru.shared.extend(still);
+        lru.inactive.extend(back);
     }
 
     /// `MADV_POPULATE_WRITE` over the present pages of folio `f`: copy on

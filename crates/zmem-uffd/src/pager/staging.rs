@@ -38,6 +38,12 @@ impl Staging {
 
     /// Which of the `n` pages from `addr` (anywhere) hold a page now, or
     /// `None` if the page tables cannot be read.
+    /// Whether any of the `n` pages from `addr` is shared with another
+    /// process; `None` if the page tables cannot be read.
+    pub(super) fn any_shared(&self, addr: u64, n: usize) -> Option<bool> {
+        self.pagemap.as_ref()?.any_shared(addr, n).map_err(|e| log::warn!("{e}")).ok()
+    }
+
     pub(super) fn mapped(&self, addr: u64, n: usize) -> Option<Vec<bool>> {
         self.pagemap.as_ref()?.mapped(addr, n).map_err(|e| log::warn!("{e}")).ok()
     }

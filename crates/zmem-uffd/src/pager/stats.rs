@@ -59,12 +59,20 @@ pub struct PagerStats {
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
     pub written_folios: u64,
+    /// Folios found shared with another process (a fork) and set aside,
+    /// neither evicted nor charged, until they are this process's own again.
+    pub shared_parks: u64,
+    /// Resident bytes set aside so now.
+    pub shared_bytes: u64,
     pub resident_bytes: u64,
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
     /// Resident bytes plus the pool plus metadata: what the limit bounds.
     pub usage_bytes: u64,
+    /// The limit that applies now: the configured one, or in a process
+    /// tree this process's share of the tree's.
+    pub limit_bytes: u64,
     /// Whether CLOCK's referenced bits are refreshed from write tracking.
     pub tracking_writes: bool,
 }
@@ -85,6 +93,7 @@ pub(super) struct Counters {
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
+    pub(super) shared_parks: AtomicU64,
     pub(super) mapping_scans: AtomicU64,
     pub(super) adopted_regions: AtomicU64,
     pub(super) adopted_bytes: AtomicU64,
@@ -98,6 +107,11 @@ pub(super) fn inc(c: &AtomicU64) {
 }
 
 impl Pager {
+    /// The process tree this pager shares its limit with, if any.
+    pub fn tree(&self) -> Option<&crate::tree::Tree> {
+        self.inner.member.as_ref().map(crate::tree::Member::tree)
+    }
+
     pub fn stats(&self) -> PagerStats {
         let c = &self.inner.counters;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -118,6 +132,8 @@ impl Pager {
             move_recounts: r(&c.move_recounts),
             fork_loads: r(&c.fork_loads),
             cow_breaks: r(&c.cow_breaks),
+            shared_parks: r(&c.shared_parks),
+            shared_bytes: (self.inner.shared_folios.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
             mapping_scans: r(&c.mapping_scans),
             adopted_regions: r(&c.adopted_regions),
             adopted_bytes: r(&c.adopted_bytes),
@@ -127,6 +143,7 @@ impl Pager {
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
             metadata_bytes: self.inner.metadata() as u64,
             usage_bytes: self.inner.usage() as u64,
+            limit_bytes: self.inner.limit() as u64,
             tracking_writes: self.inner.tracking,
         }
     }

@@ -1,0 +1,403 @@
+//! One limit for a process tree, as memory.high bounds a cgroup: the
+//! shared accounting segment that `zmem run` creates and every process of
+//! the tree joins (its path is in `ZMEM_TREE`, inherited across fork and
+//! exec).
+//!
+//! The segment is a small file in `/dev/shm`, mapped shared: a header (the
+//! tree's limit, its peak usage) and one slot per process (pid, start time,
+//! usage, peak, share). Everything in it is an atomic; there is no lock,
+//! so a process that dies at any point leaves nothing held.
+//!
+//! Each process publishes its own usage (every fault that throttles, every
+//! reclaim wake-up) and reads the others'. Its share of the limit is
+//!
+//! ```text
+//! share = max(limit - others, limit * own / total, floor)
+//! ```
+//!
+//! Under the limit, a process may grow into what the others leave; over
+//! it, the excess is taken from each process in proportion to its usage,
+//! so that together they reclaim the excess once (each taking all of it
+//! would over-reclaim by the number of processes). The floor keeps a
+//! process that has just started from being throttled to nothing.
+//!
+//! A slot whose process is gone (exited, killed, or a zombie) is freed by
+//! whichever process sweeps next ([`Tree::sweep`], from every reclaim
+//! thread about once a second); the start time, from `/proc/PID/stat`,
+//! tells a reused pid apart. After an exec the new image takes over its
+//! own pid's slot.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// "zmemtree" in ASCII, and the layout's version.
+const MAGIC: u64 = 0x7a6d_656d_7472_6565;
+const VERSION: u64 = 1;
+/// Slots in a segment: processes that may hold a share at once.
+pub const SLOTS: usize = 255;
+const SIZE: usize = 64 * (SLOTS + 1);
+
+#[repr(C, align(64))]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU64,
+    limit: AtomicU64,
+    /// Peak of the tree's summed usage, as the processes saw it.
+    peak: AtomicU64,
+    /// One past the highest slot ever claimed: readers stop there.
+    high_slot: AtomicU32,
+}
+
+#[repr(C, align(64))]
+struct Slot {
+    /// 0: free.
+    pid: AtomicU32,
+    /// The process's start time (clock ticks after boot, `/proc/PID/stat`).
+    start: AtomicU64,
+    usage: AtomicU64,
+    peak: AtomicU64,
+    share: AtomicU64,
+    /// Folios this process has evicted, for `zmem stats`.
+    evicted: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
+
+/// A mapped segment.
+#[derive(Debug)]
+pub struct Tree {
+    base: NonNull<u8>,
+}
+
+// SAFETY: the segment is only ever accessed through atomics (`header`,
+// `slot`), which any thread may use.
+unsafe impl Send for Tree {}
+// SAFETY: as for Send.
+unsafe impl Sync for Tree {}
+
+/// One process of the tree, as [`Tree::members`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberStats {
+    pub pid: u32,
+    pub usage: u64,
+    pub peak: u64,
+    pub share: u64,
+    pub evicted: u64,
+}
+
+/// Why a segment cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TreeError {
+    #[error("{path}: {err}")]
+    Io { path: String, err: rustix::io::Errno },
+    #[error("{0}: not a zmem tree segment (wrong size, magic or version)")]
+    Format(String),
+    #[error("all {SLOTS} slots of the tree's segment are taken")]
+    Full,
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        zmem_common::owned::remove(self.base.as_ptr() as u64);
+        // SAFETY: the mapping is this Tree's own, and nothing borrows from
+        // it past the Tree's life.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), SIZE) };
+    }
+}
+
+impl Tree {
+    /// Creates a segment at `path` (which must not exist) for a tree under
+    /// `limit` bytes.
+    ///
+    /// # Errors
+    /// The file's creation or mapping.
+    pub fn create(path: &Path, limit: usize) -> Result<Tree, TreeError> {
+        use rustix::fs::{Mode, OFlags};
+        let io = |err| TreeError::Io { path: path.display().to_string(), err };
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(io)?;
+        rustix::fs::ftruncate(&fd, SIZE as u64).map_err(io)?;
+        let t = Tree::map(fd.as_fd()).map_err(io)?;
+        let h = t.header();
+        h.limit.store(limit as u64, Ordering::Relaxed);
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(t)
+    }
+
+    /// Opens the segment at `path`.
+    ///
+    /// # Errors
+    /// The file cannot be opened or mapped, or is not a segment.
+    pub fn open(path: &Path) -> Result<Tree, TreeError> {
+        use rustix::fs::{Mode, OFlags};
+        let io = |err| TreeError::Io { path: path.display().to_string(), err };
+        let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(io)?;
+        if rustix::fs::fstat(&fd).map_err(io)?.st_size != SIZE as i64 {
+            return Err(TreeError::Format(path.display().to_string()));
+        }
+        let t = Tree::map(fd.as_fd()).map_err(io)?;
+        let h = t.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC || h.version.load(Ordering::Relaxed) != VERSION {
+            return Err(TreeError::Format(path.display().to_string()));
+        }
+        Ok(t)
+    }
+
+    fn map(fd: rustix::fd::BorrowedFd<'_>) -> rustix::io::Result<Tree> {
+        // zmem's own mapping (shared, so never adopted; recorded all the
+        // same, as every mapping of zmem's is).
+        let _recording = zmem_common::owned::spawn_lock();
+        // SAFETY: a fresh shared mapping of the whole file at an address the
+        // kernel picks aliases nothing of ours; it lives as long as the Tree.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                SIZE,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }?;
+        zmem_common::owned::add(p as u64, SIZE, zmem_common::owned::Kind::Zmem);
+        Ok(Tree { base: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)? })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: base is page-aligned and the mapping is SIZE bytes; the
+        // header is its first 64, made only of atomics, valid for any bit
+        // pattern and shared safely with other processes.
+        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+
+    fn slot(&self, i: usize) -> &Slot {
+        assert!(i < SLOTS);
+        // SAFETY: slot i lies at 64 * (i + 1) < SIZE, inside the mapping.
+        let p = unsafe { self.base.as_ptr().add(64 * (i + 1)) };
+        // SAFETY: p is 64-aligned and valid for 64 bytes for the Tree's
+        // life; a slot is made only of atomics (as for `header`).
+        unsafe { &*p.cast::<Slot>() }
+    }
+
+    fn slots(&self) -> impl Iterator<Item = &Slot> {
+        let n = (self.header().high_slot.load(Ordering::Acquire) as usize).min(SLOTS);
+        (0..n).map(|i| self.slot(i))
+    }
+
+    pub fn limit(&self) -> usize {
+        self.header().limit.load(Ordering::Relaxed) as usize
+    }
+
+    /// The peak of the tree's summed usage so far.
+    pub fn peak(&self) -> u64 {
+        self.header().peak.load(Ordering::Relaxed)
+    }
+
+    /// The tree's usage now: the sum over its processes.
+    pub fn usage(&self) -> u64 {
+        self.slots().filter(|s| s.pid.load(Ordering::Acquire) != 0).map(|s| s.usage.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The processes that hold a slot.
+    pub fn members(&self) -> Vec<MemberStats> {
+        self.slots()
+            .filter_map(|s| {
+                let pid = s.pid.load(Ordering::Acquire);
+                (pid != 0).then(|| MemberStats {
+                    pid,
+                    usage: s.usage.load(Ordering::Relaxed),
+                    peak: s.peak.load(Ordering::Relaxed),
+                    share: s.share.load(Ordering::Relaxed),
+                    evicted: s.evicted.load(Ordering::Relaxed),
+                })
+            })
+            .collect()
+    }
+
+    /// Takes a slot for this process: its own pid's (an exec'd image takes
+    /// over its predecessor's), or a free one.
+    ///
+    /// # Errors
+    /// [`TreeError::Full`].
+    pub fn join(self) -> Result<Member, TreeError> {
+        let pid = std::process::id();
+        let start = start_time(pid).unwrap_or(0);
+        let mine = (0..SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == pid);
+        let i = match mine {
+            Some(i) => i,
+            None => (0..SLOTS)
+                .find(|&i| self.slot(i).pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+                .ok_or(TreeError::Full)?,
+        };
+        let s = self.slot(i);
+        s.start.store(start, Ordering::Relaxed);
+        s.usage.store(0, Ordering::Relaxed);
+        s.peak.store(0, Ordering::Relaxed);
+        s.evicted.store(0, Ordering::Relaxed);
+        self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
+        Ok(Member { tree: self, slot: i, pid })
+    }
+
+    /// Frees the slots of processes that are gone.
+    pub fn sweep(&self) {
+        for s in self.slots() {
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid != 0 && !alive(pid, s.start.load(Ordering::Relaxed)) {
+                // Usage first: a reader that still sees the pid counts 0.
+                s.usage.store(0, Ordering::Relaxed);
+                let _ = s.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// This process's slot in a tree.
+#[derive(Debug)]
+pub struct Member {
+    tree: Tree,
+    slot: usize,
+    pid: u32,
+}
+
+impl Member {
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// Publishes this process's usage and returns its share of the limit,
+    /// never below `floor`.
+    pub fn publish(&self, usage: usize, floor: usize) -> usize {
+        let s = self.tree.slot(self.slot);
+        s.usage.store(usage as u64, Ordering::Relaxed);
+        s.peak.fetch_max(usage as u64, Ordering::Relaxed);
+        let total = self.tree.usage().max(usage as u64);
+        self.tree.header().peak.fetch_max(total, Ordering::Relaxed);
+        let limit = self.tree.limit() as u64;
+        let others = total - usage as u64;
+        let proportional = if total == 0 { limit } else { (limit as u128 * usage as u128 / total as u128) as u64 };
+        let share = limit.saturating_sub(others).max(proportional).max(floor as u64).min(limit);
+        s.share.store(share, Ordering::Relaxed);
+        share as usize
+    }
+
+    /// Records folios evicted (for `zmem stats`).
+    pub fn add_evicted(&self, n: u64) {
+        self.tree.slot(self.slot).evicted.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Member {
+    /// Gives the slot back (if it is still this process's: a forked child
+    /// that dropped its copy must not free its parent's).
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            let s = self.tree.slot(self.slot);
+            s.usage.store(0, Ordering::Relaxed);
+            let _ = s.pid.compare_exchange(self.pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Field 22 of `/proc/PID/stat` (the start time), and whether the process
+/// is a zombie or dead.
+fn stat(pid: u32) -> Option<(u64, bool)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) is in parentheses and may hold anything.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?;
+    // Fields 4..=21 come before the start time.
+    let start = f.nth(18)?.parse().ok()?;
+    Some((start, matches!(state, "Z" | "X" | "x")))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|(s, _)| s)
+}
+
+fn alive(pid: u32, start: u64) -> bool {
+    match stat(pid) {
+        Some((s, dead)) => !dead && (start == 0 || s == start),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(name: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("zmem-tree-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn shares_give_headroom_under_the_limit_and_split_the_excess_over_it() {
+        let p = path("shares");
+        let limit = 100 << 20;
+        let a = Tree::create(&p, limit).unwrap().join().unwrap();
+        // A second member in the same segment (another slot, as a child's).
+        let t2 = Tree::open(&p).unwrap();
+        let s = t2.slot(1);
+        s.pid.store(1, Ordering::Release); // pid 1 is alive
+        t2.header().high_slot.fetch_max(2, Ordering::AcqRel);
+        s.usage.store(30 << 20, Ordering::Relaxed);
+        // Under: a may have what b leaves.
+        assert_eq!(a.publish(20 << 20, 1 << 20), 70 << 20);
+        // Over by 60 MiB (a 120, b 40 of 160): a's share is 3/4 of 100.
+        s.usage.store(40 << 20, Ordering::Relaxed);
+        assert_eq!(a.publish(120 << 20, 1 << 20), 75 << 20);
+        assert_eq!(a.tree().peak(), 160 << 20);
+        // Nothing yet: the floor.
+        s.usage.store(100 << 20, Ordering::Relaxed);
+        assert_eq!(a.publish(0, 4 << 20), 4 << 20);
+        let m = a.tree().members();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].pid, std::process::id());
+        drop(a);
+        assert_eq!(t2.members().len(), 1, "a member's drop frees its slot");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_sweep_frees_the_slots_of_processes_that_are_gone() {
+        let p = path("sweep");
+        let t = Tree::create(&p, 1 << 30).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        for (i, pid) in [(0, gone), (1, std::process::id())] {
+            t.slot(i).pid.store(pid, Ordering::Release);
+            t.slot(i).usage.store(5, Ordering::Relaxed);
+        }
+        t.header().high_slot.store(2, Ordering::Release);
+        t.sweep();
+        assert_eq!(t.usage(), 5);
+        assert_eq!(t.members().iter().map(|m| m.pid).collect::<Vec<_>>(), vec![std::process::id()]);
+        // The same pid with another start time is another process.
+        t.slot(1).start.store(1, Ordering::Relaxed);
+        t.sweep();
+        assert!(t.members().is_empty());
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_segment_is_refused() {
+        let p = path("bad");
+        std::fs::write(&p, vec![0u8; SIZE]).unwrap();
+        assert!(matches!(Tree::open(&p), Err(TreeError::Format(_))));
+        std::fs::write(&p, b"short").unwrap();
+        assert!(matches!(Tree::open(&p), Err(TreeError::Format(_))));
+        let _ = std::fs::remove_file(&p);
+        assert!(matches!(Tree::open(&p), Err(TreeError::Io { .. })));
+    }
+}
