@@ -224,3 +224,71 @@ fn a_folio_split_by_mprotect_is_served_page_by_page() {
     // SAFETY: the test's mapping, no longer used.
     assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
 }
+
+/// An mremap that moves part of an adopted region (as glibc's realloc of
+/// one of several neighbouring mmapped chunks does, with its own syscall,
+/// which no preload sees), from mid-folio to mid-folio, with nearly all
+/// of it evicted: the moved part is managed at its new address, its
+/// evicted pages come back from their entries there, the part that stayed
+/// keeps its own, and neither loads or drops the other's pages. Then the
+/// rest is moved again, and both are unmapped: every entry is freed.
+#[test]
+fn a_partial_mremap_of_an_evicted_region_keeps_every_page_where_it_went() {
+    let _wd = watchdog("partial mremap", 120);
+    let len = 24 * MIB;
+    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let base = mmap(0, len);
+    let pages = len / PAGE_SIZE;
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    wait_evicted(&pager, (16 * MIB / (64 << 10)) as u64);
+    // Pages [from, from + n) move, starting 3 pages into a folio and ending
+    // 5 pages into another.
+    let (from, n) = (4 * MIB / PAGE_SIZE + 3, 8 * MIB / PAGE_SIZE + 2);
+    let to = mmap(0, n * PAGE_SIZE + 64 * PAGE_SIZE) + 7 * PAGE_SIZE;
+    // SAFETY: moves part of this test's mapping onto another of its own.
+    let r = unsafe {
+        libc::mremap(
+            (base + from * PAGE_SIZE) as *mut _,
+            n * PAGE_SIZE,
+            n * PAGE_SIZE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(r as usize, to);
+    assert_eq!(pager.stats().split_regions, 1);
+    let moved = |p: usize| (from..from + n).contains(&p);
+    for round in 0..2 {
+        // Twice over, under a limit a sixth of it: evicted and loaded again
+        // on both sides.
+        let bad: usize = (0..n).map(|i| bad_words(to + i * PAGE_SIZE, (from + i) as u64)).sum();
+        assert_eq!(bad, 0, "round {round}: the moved part read back wrong: {:?}", pager.stats());
+        let bad: usize = (0..pages).filter(|&p| !moved(p)).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum();
+        assert_eq!(bad, 0, "round {round}: the part that stayed read back wrong: {:?}", pager.stats());
+    }
+    // Writes on both sides, evicted and read back.
+    for i in (0..n).step_by(3) {
+        write(to + i * PAGE_SIZE, 5_000_000 + i as u64);
+    }
+    let tag = |i: usize| if i % 3 == 0 { 5_000_000 + i as u64 } else { (from + i) as u64 };
+    wait_evicted(&pager, pager.stats().evicted_folios + 64);
+    let bad: usize = (0..n).map(|i| bad_words(to + i * PAGE_SIZE, tag(i))).sum();
+    assert_eq!(bad, 0, "the moved part lost writes made after the move");
+
+    // SAFETY: the test's mappings, no longer used (the moved part's old
+    // range is unmapped since the mremap).
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::munmap(to as *mut _, n * PAGE_SIZE) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pager.stats().retired_regions < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = pager.stats();
+    assert_eq!(s.retired_regions, 2, "{s:?}");
+    let t = pager.tier().stats();
+    assert_eq!(t.stored_pages + t.same_filled_pages, 0, "entries left: {t:?}");
+}

@@ -38,23 +38,34 @@ impl Inner {
         let first_page = ((start.max(base) - base) / PAGE_SIZE as u64) as usize;
         let last_page = ((end.min(base + st.len as u64) - base).div_ceil(PAGE_SIZE as u64)) as usize;
         let ppf = self.cfg.folio_size / PAGE_SIZE;
+        // Pages a partial mremap moved away are another region's now.
+        let moved = {
+            let m = st.moved.lock_ok();
+            (!m.is_empty()).then(|| m.clone())
+        };
+        let moved_away =
+            |p: usize| moved.as_ref().is_some_and(|m| m.iter().any(|&(a, b)| (a..b).contains(&(p * PAGE_SIZE))));
         for f in first_page / ppf..last_page.div_ceil(ppf) {
             let (lock, _) = self.stripe(st, f);
             let g = lock.lock_ok();
             let pages = (f * ppf).max(first_page)..((f + 1) * ppf).min(last_page);
+            let pages: Vec<usize> = pages.filter(|&p| !moved_away(p)).collect();
+            if pages.is_empty() {
+                continue;
+            }
             if st.folio(f) == Folio::Evicting {
                 // The evictor drops these pages' entries when it finishes
                 // (this thread must not wait for it: see `fault`).
                 let mut d = self.dropped.lock_ok();
                 let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
-                mask[pages.start - f * ppf..pages.end - f * ppf].fill(true);
+                pages.iter().for_each(|&p| mask[p - f * ppf] = true);
                 continue;
             }
-            for p in pages.clone() {
+            for &p in &pages {
                 self.tier.invalidate(st.key(p));
             }
             if let Some(h) = self.held.lock_ok().get_mut(&(st.id, f)) {
-                h.present[pages.start - f * ppf..pages.end - f * ppf].fill(false);
+                pages.iter().for_each(|&p| h.present[p - f * ppf] = false);
             }
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
             // A whole folio dropped is as if never touched; a resident folio
@@ -69,7 +80,8 @@ impl Inner {
     /// `mremap` moved `[from, from + len)` to `to`. A region all of whose
     /// mapped parts moved just changes its address (entries are
     /// region-relative); of one the move split, the part that moved is a
-    /// hole from then on.
+    /// hole from then on, and a region of its own at its new address
+    /// (`split_moved`).
     pub(super) fn remap(&self, from: u64, to: u64, len: u64) {
         for st in self.regions_in(from, from + len) {
             let base = st.start.load(Ordering::Acquire);
@@ -89,26 +101,139 @@ impl Inner {
                     regions.insert((new, st.id), st);
                 }
             } else {
-                // Part of the region moved: here it is a hole now (the
-                // rest stays managed), and at its new address a later scan
-                // adopts it. Its resident pages moved with it; pages it had
-                // evicted cannot follow (the shim loads them back before an
-                // mremap it sees: `Pager::prepare_remap`).
+                // Part of the region moved: here it is a hole from now on
+                // (the rest stays managed), and at its new address it is a
+                // region of its own whose pages keep their entries.
                 drop(regions);
                 let (a, b) = (lo.max(base), hi.min(base + st.len as u64));
-                let fs = self.cfg.folio_size as u64;
-                let lost = ((a - base) / fs..(b - base).div_ceil(fs))
-                    .filter(|&f| matches!(st.folio(f as usize), Folio::Evicted | Folio::Evicting))
-                    .count();
-                if lost > 0 {
-                    log::error!(
-                        "an mremap moved part of a managed region at {base:#x} with {lost} folios evicted; \
-                         their pages at the new address read as zeros"
-                    );
-                }
+                st.moved.lock_ok().push(((a - base) as usize, (b - base) as usize));
                 st.add_hole((a - base) as usize, (b - base) as usize);
-                self.drop_range_in(&st, a, b);
+                self.split_moved(&st, a, b, to + (a - from));
             }
         }
+    }
+
+    /// `[a, b)` of region `st` (which it now has as a hole) moved to `to`:
+    /// a new, adopted region takes it there. Its folios are `st`'s, one for
+    /// one (it starts `(a - base) % folio` before `to`, with a hole there,
+    /// and ends in a hole), and its keys are `st`'s (`key_base`), so an
+    /// evicted page's entry serves it where it is now; a folio the move
+    /// split is Evicted (or Resident) in both, and each loads and drops
+    /// only its own pages. A folio being evicted is passed on by its
+    /// evictor when it finishes (`forwards`); held pages go with their
+    /// folio.
+    ///
+    /// Run by the handler while it holds `events`, before it serves any
+    /// fault read after the REMAP: no fault on the new address is served
+    /// before the region is there.
+    fn split_moved(&self, st: &Arc<RegionState>, a: u64, b: u64, to: u64) {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let base = st.start.load(Ordering::Acquire);
+        let (off, end) = ((a - base) as usize, (b - base) as usize);
+        let (first, lead) = (off / fs, off % fs);
+        let last = end.div_ceil(fs); // one past R's last folio moved
+        let len = (last - first) * fs;
+        let Some(start) = to.checked_sub(lead as u64) else {
+            log::error!("an mremap to {to:#x} cannot be followed: evicted pages there read as zeros");
+            return;
+        };
+        let new = self.region_state(start, len, None, Some(st.key(first * ppf)));
+        if lead > 0 {
+            new.add_hole(0, lead);
+        }
+        if end - first * fs < len {
+            new.add_hole(end - first * fs, len);
+        }
+        let mut resident = Vec::new();
+        for j in 0..last - first {
+            let f = first + j;
+            // The pages of folio f that moved.
+            let moved: Vec<bool> = (0..ppf).map(|i| (off..end).contains(&((f * ppf + i) * PAGE_SIZE))).collect();
+            let whole = moved.iter().all(|&m| m);
+            let (lock, _) = self.stripe(st, f);
+            let g = lock.lock_ok();
+            let state = st.folio(f);
+            match state {
+                Folio::Never => {}
+                Folio::Resident => {
+                    new.set_folio(j, Folio::Resident);
+                    self.resident.fetch_add(1, Ordering::Relaxed);
+                    if whole {
+                        st.set_folio(f, Folio::Never);
+                        self.resident.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                Folio::Evicted => {
+                    new.set_folio(j, Folio::Evicted);
+                    self.split_held(st, f, &new, j, &moved);
+                    if whole {
+                        st.set_folio(f, Folio::Never);
+                    }
+                }
+                Folio::Evicting => {
+                    // Faults on it wait (Busy) until the evictor passes it on.
+                    new.set_folio(j, Folio::Evicting);
+                    self.forwards
+                        .lock_ok()
+                        .insert((st.id, f), super::Forward { to: Arc::clone(&new), folio: j, moved });
+                }
+            }
+            drop(g);
+            if state == Folio::Resident {
+                resident.push(j);
+            }
+        }
+        self.regions.write_ok().insert((start, new.id), Arc::clone(&new));
+        for j in resident {
+            self.lru_add(&new, j);
+        }
+        self.counters.split_regions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Moves the held pages of folio `f` of `st` that `moved` names to
+    /// folio `j` of `new`. The caller holds `st`'s stripe lock for `f`
+    /// (`new` is not yet visible, or the caller holds no lock `new` needs).
+    pub(super) fn split_held(&self, st: &RegionState, f: usize, new: &RegionState, j: usize, moved: &[bool]) {
+        let fs = self.cfg.folio_size;
+        let mut held = self.held.lock_ok();
+        let Some(h) = held.get_mut(&(st.id, f)) else { return };
+        let present: Vec<bool> = h.present.iter().zip(moved).map(|(&p, &m)| p && m).collect();
+        if !present.contains(&true) {
+            return;
+        }
+        let data = h.data.clone();
+        for (p, &m) in h.present.iter_mut().zip(moved) {
+            *p &= !m;
+        }
+        if !h.present.contains(&true) {
+            held.remove(&(st.id, f));
+            self.held_bytes.fetch_sub(fs, Ordering::Relaxed);
+        }
+        held.insert((new.id, j), super::Held { data, present });
+        self.held_bytes.fetch_add(fs, Ordering::Relaxed);
+    }
+
+    /// The evictor finished folio `f` of `st`, which a partial mremap
+    /// moved (all or part) while it was Evicting: the split-off region's
+    /// folio becomes Evicted (its pages that were evicted have entries
+    /// under the same keys; those the kernel moved are mapped there and a
+    /// load steps over them), with its held pages. Called with `st`'s
+    /// stripe lock for `f` held; returns what to finish once it is dropped.
+    pub(super) fn take_forward(&self, st: &RegionState, f: usize) -> Option<(Arc<RegionState>, usize)> {
+        let fw = self.forwards.lock_ok().remove(&(st.id, f))?;
+        self.split_held(st, f, &fw.to, fw.folio, &fw.moved);
+        Some((fw.to, fw.folio))
+    }
+
+    /// See [`take_forward`](Self::take_forward): under the new region's
+    /// stripe lock.
+    pub(super) fn finish_forward(&self, to: &RegionState, j: usize) {
+        let (lock, cv) = self.stripe(to, j);
+        let _g = lock.lock_ok();
+        if to.folio(j) == Folio::Evicting {
+            to.set_folio(j, Folio::Evicted);
+        }
+        cv.notify_all();
     }
 }

@@ -126,7 +126,7 @@ impl Inner {
                 return Served::Busy;
             }
             Folio::Never => {
-                match st.zero_fill(&self.uffd, folio_addr, fs) {
+                match self.zero_fill_folio(&st, f, folio_addr) {
                     Err(UffdError::Again { .. }) => return Served::Again,
                     // A thread asleep on a page nothing was put in must not
                     // stay asleep.
@@ -253,6 +253,32 @@ impl Inner {
             }
         }
         Served::Done
+    }
+
+    /// Zero pages over folio `f` at `folio_addr`, less its holes (what
+    /// lives there now is not this region's).
+    fn zero_fill_folio(&self, st: &RegionState, f: usize, folio_addr: u64) -> Result<u64, UffdError> {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let Some(holes) = st.holes_in(f * ppf, ppf) else {
+            return st.zero_fill(&self.uffd, folio_addr, fs as u64);
+        };
+        let mut p = 0;
+        while p < ppf {
+            let run = (p..ppf).take_while(|&q| holes[q] == holes[p]).count();
+            if !holes[p] {
+                let (a, n) = (folio_addr + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
+                match st.zero_fill(&self.uffd, a, n) {
+                    Err(e @ UffdError::Again { .. }) => return Err(e),
+                    Err(_) => {
+                        let _ = self.uffd.wake(a, n);
+                    }
+                    Ok(_) => {}
+                }
+            }
+            p += run;
+        }
+        Ok(fs as u64)
     }
 
     pub(super) fn became_resident(&self, st: &Arc<RegionState>, f: usize) {

@@ -181,6 +181,11 @@ struct Inner {
     /// the handler maps pages, in event order, so a page the program
     /// dropped can never come back.
     held: Mutex<HashMap<(u32, usize), Held>>,
+    /// Folios that were Evicting when a partial mremap moved them (all or
+    /// part) into a split-off region: by (region id, folio), the new
+    /// region's folio and which pages moved. The evictor passes the folio
+    /// on when it finishes (`events.rs`).
+    forwards: Mutex<HashMap<(u32, usize), Forward>>,
     held_bytes: AtomicUsize,
     /// Held by the handler from reading a batch of events until it has
     /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`).
@@ -206,6 +211,14 @@ struct Inner {
     /// The limit that applies now: `cfg.limit`, or this process's share of
     /// its tree's (refreshed by `refresh_limit`).
     limit_now: AtomicUsize,
+}
+
+/// Where an Evicting folio's moved pages went (see `Inner::forwards`).
+#[derive(Debug)]
+struct Forward {
+    to: Arc<RegionState>,
+    folio: usize,
+    moved: Vec<bool>,
 }
 
 /// A rejected folio's pages (`present[p]`: page `p` is in `data`).
@@ -293,6 +306,7 @@ impl Pager {
             reclaimed: (Mutex::new(()), Condvar::new()),
             dropped: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            forwards: Mutex::new(HashMap::new()),
             held_bytes: AtomicUsize::new(0),
             events: Mutex::new(()),
             soft: AtomicBool::new(false),
@@ -408,10 +422,16 @@ impl Inner {
 
     /// Drops every entry of folio `f`, and its held pages. The caller holds
     /// the folio's stripe lock, or owns the folio (a dying region).
+    /// A region never touches the entries of pages in its holes: they were
+    /// invalidated when the program unmapped them, or belong to the region
+    /// a partial mremap split off.
     pub(super) fn invalidate_folio(&self, st: &RegionState, f: usize) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let holes = st.holes_in(f * ppf, ppf);
         for p in f * ppf..(f + 1) * ppf {
-            self.tier.invalidate(st.key(p));
+            if !holes.as_ref().is_some_and(|h| h[p - f * ppf]) {
+                self.tier.invalidate(st.key(p));
+            }
         }
         self.unhold(st, f);
     }

@@ -422,8 +422,12 @@ impl Inner {
         for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
             self.tier.invalidate(st.key(f * ppf + p));
         }
+        let forward = self.take_forward(st, f);
         cv.notify_all();
         drop(g);
+        if let Some((to, j)) = forward {
+            self.finish_forward(&to, j);
+        }
     }
 }
 

@@ -13,12 +13,21 @@ use crate::sys::{Uffd, UffdError};
 #[derive(Debug)]
 pub(super) struct RegionState {
     pub(super) id: u32,
+    /// The tier key of page 0: `id << 40`, or for a region split off by a
+    /// partial mremap the key of the page it came from, so that its pages'
+    /// entries stay where they are (`events.rs`, `split_moved`).
+    pub(super) key_base: u64,
     pub(super) start: AtomicU64,
     pub(super) mapping: Mutex<Option<Mapping>>,
     /// Ranges (offsets in the region) the program unmapped itself: the
     /// kernel may have handed their addresses to another mapping since, so
     /// the region's own unmap must leave them alone.
     pub(super) unmapped: Mutex<Vec<(usize, usize)>>,
+    /// The parts of `unmapped` that a partial mremap moved elsewhere (to a
+    /// region split off): the kernel's UNMAP of the old range that follows
+    /// the REMAP must not drop their entries, which serve the pages where
+    /// they went.
+    pub(super) moved: Mutex<Vec<(usize, usize)>>,
     /// `unmapped` is not empty (read without its lock on the fault path).
     pub(super) has_holes: AtomicBool,
     /// Adopted: a mapping the program made, registered by the pager (see
@@ -36,7 +45,7 @@ pub(super) struct RegionState {
 impl RegionState {
     /// The tier key of page `page` of this region.
     pub(super) fn key(&self, page: usize) -> u64 {
-        (u64::from(self.id) << 40) | page as u64
+        self.key_base + page as u64
     }
 
     pub(super) fn folio(&self, f: usize) -> Folio {
@@ -289,20 +298,35 @@ impl Inner {
         mapping: Option<Mapping>,
     ) -> Result<Arc<RegionState>, PagerError> {
         self.uffd.register(addr, len as u64, self.register_mode())?;
+        Ok(self.region_state(addr, len, mapping, None))
+    }
+
+    /// A region's bookkeeping, all folios `Never`; `key_base` as for a new
+    /// region unless given. Registers nothing.
+    pub(super) fn region_state(
+        &self,
+        addr: u64,
+        len: usize,
+        mapping: Option<Mapping>,
+        key_base: Option<u64>,
+    ) -> Arc<RegionState> {
         let nf = len / self.cfg.folio_size;
         self.tables.fetch_add(nf * 3, Ordering::Relaxed);
-        Ok(Arc::new(RegionState {
-            id: self.next_region.fetch_add(1, Ordering::Relaxed),
+        let id = self.next_region.fetch_add(1, Ordering::Relaxed);
+        Arc::new(RegionState {
+            id,
+            key_base: key_base.unwrap_or(u64::from(id) << 40),
             start: AtomicU64::new(addr),
             adopted: mapping.is_none(),
             mapping: Mutex::new(mapping),
             unmapped: Mutex::new(Vec::new()),
+            moved: Mutex::new(Vec::new()),
             has_holes: AtomicBool::new(false),
             len,
             state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
-        }))
+        })
     }
 }
 

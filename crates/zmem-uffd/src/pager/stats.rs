@@ -55,6 +55,9 @@ pub struct PagerStats {
     pub adopted_bytes: u64,
     /// Adopted regions forgotten because the program unmapped all of them.
     pub retired_regions: u64,
+    /// Regions split off by an mremap that moved part of a region: the
+    /// moved part, managed at its new address with its entries.
+    pub split_regions: u64,
     /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
@@ -98,6 +101,7 @@ pub(super) struct Counters {
     pub(super) adopted_regions: AtomicU64,
     pub(super) adopted_bytes: AtomicU64,
     pub(super) retired_regions: AtomicU64,
+    pub(super) split_regions: AtomicU64,
     pub(super) write_scans: AtomicU64,
     pub(super) written_folios: AtomicU64,
 }
@@ -138,6 +142,7 @@ impl Pager {
             adopted_regions: r(&c.adopted_regions),
             adopted_bytes: r(&c.adopted_bytes),
             retired_regions: r(&c.retired_regions),
+            split_regions: r(&c.split_regions),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
