@@ -225,6 +225,47 @@ fn a_folio_split_by_mprotect_is_served_page_by_page() {
     assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
 }
 
+/// A folio whose pages lie in two of the kernel's mappings (the program
+/// madvised half of it DONTFORK, which splits the mapping with the same
+/// protection) is evicted whole, no page left behind mapped (resident and
+/// uncounted in an Evicted folio), and reads back.
+#[test]
+fn a_folio_across_two_mappings_is_evicted_whole() {
+    let _wd = watchdog("adopt-two-vmas", 60);
+    let len = 8 * MIB;
+    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let base = mmap(0, len);
+    pager.adopt(base as u64, len).unwrap();
+    let pages = len / PAGE_SIZE;
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    // SAFETY: part of this test's mapping; DONTFORK changes only what a
+    // child would inherit.
+    assert_eq!(unsafe { libc::madvise((base + 8 * PAGE_SIZE) as *mut _, 8 * PAGE_SIZE, libc::MADV_DONTFORK) }, 0);
+    let pm = zmem_uffd::PageMap::open().unwrap();
+    let mut evicted = false;
+    for _ in 0..20 {
+        // Everything else, written again: the first folio goes cold.
+        for p in 16..pages {
+            write(base + p * PAGE_SIZE, p as u64);
+        }
+        wait_evicted(&pager, pager.stats().evicted_folios + 32);
+        let mapped = pm.mapped(base as u64, 16).unwrap();
+        if !mapped[8..].contains(&true) {
+            assert!(!mapped[..8].contains(&true), "pages before the boundary stayed behind: {mapped:?}");
+            evicted = true;
+            break;
+        }
+    }
+    assert!(evicted, "the first folio was never evicted: {:?}", pager.stats());
+    assert_eq!(pager.stats().unevictable_folios, 0);
+    let bad: usize = (0..pages).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum();
+    assert_eq!(bad, 0);
+    // SAFETY: the test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+}
+
 /// An mremap that moves part of an adopted region (as glibc's realloc of
 /// one of several neighbouring mmapped chunks does, with its own syscall,
 /// which no preload sees), from mid-folio to mid-folio, with nearly all
