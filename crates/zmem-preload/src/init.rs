@@ -280,6 +280,14 @@ pub(crate) fn managed_free(start: usize) {
     });
 }
 
+/// Whether the malloc family takes a request of `len` bytes itself: only
+/// with adoption off (`ZMEM_ADOPT=0`), where it is the only way glibc's
+/// large chunks are managed. With adoption on, the program's allocator,
+/// glibc's too, stays its own, and what it maps is adopted by mapping.
+pub(crate) fn wants_malloc(len: usize) -> bool {
+    wants(len) && current().is_some_and(|s| !s.settings.adopt)
+}
+
 pub(crate) fn wants(len: usize) -> bool {
     !in_zmem() && !CHILD.load(Ordering::Relaxed) && !BROKEN.load(Ordering::Relaxed) && len >= threshold()
 }

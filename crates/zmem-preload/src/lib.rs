@@ -2,17 +2,21 @@
 //! `include/zmem.h`.
 //!
 //! `zmem run -- CMD` starts CMD with this library preloaded. It places the
-//! program's large anonymous memory in regions of one in-process [`Pager`]:
+//! program's anonymous memory under one in-process [`Pager`]:
 //!
 //! - `mmap(NULL, len, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0)`
 //!   with `len >= ZMEM_THRESHOLD` (jemalloc, Python's arenas, most
 //!   allocators' large chunks call mmap through the PLT);
-//! - `malloc`, `calloc`, `realloc`, `posix_memalign`, `aligned_alloc`,
-//!   `memalign` and `valloc` of that size or more: glibc's malloc maps its
-//!   large chunks with an internal mmap no preload can see, so the shim
-//!   takes those sizes itself and hands the rest to `__libc_malloc` & co.
-//!   When the program's allocator is not glibc's (jemalloc, tcmalloc), the
-//!   whole family goes to it untouched (`next.rs`).
+//! - every other private anonymous writable mapping of the program, found
+//!   by the pager's scan of the address space (adoption): glibc's brk heap
+//!   and the chunks it maps with its own internal mmap, another allocator's
+//!   chunks, a runtime's heap.
+//!
+//! The malloc family is interposed only to keep zmem's own allocations on
+//! zmem's heap (`heap.rs`); the program's allocator, glibc's included,
+//! stays its own (`next.rs`). With adoption off (`ZMEM_ADOPT=0`), requests
+//! of `ZMEM_THRESHOLD` or more to glibc's malloc become regions, the only
+//! way its large chunks are managed then.
 //!
 //! `munmap`, `mremap`, `madvise` and `free` of managed memory are handled
 //! here; everything else goes to the kernel (raw syscalls) or glibc.

@@ -8,7 +8,7 @@ use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
 use crate::heap;
-use crate::init::{current, lookup, managed_alloc, managed_free, set_errno, threshold, wants, REGIONS};
+use crate::init::{current, lookup, managed_alloc, managed_free, set_errno, threshold, wants_malloc, REGIONS};
 use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
 
@@ -29,7 +29,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         Allocator::Zmem => return heap::malloc(size),
         Allocator::Glibc => {}
     }
-    if wants(size) {
+    if wants_malloc(size) {
         if let Some(p) = managed_alloc(size) {
             return p;
         }
@@ -52,7 +52,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         Allocator::Zmem => return heap::calloc(total),
         Allocator::Glibc => {}
     }
-    if wants(total) {
+    if wants_malloc(total) {
         // A fresh region reads as zeros.
         if let Some(p) = managed_alloc(total) {
             return p;
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         }
         return q;
     }
-    if wants(size) {
+    if wants_malloc(size) {
         // SAFETY: p is glibc's (not ours).
         let old = unsafe { glibc_usable_size(p) };
         if let Some(q) = managed_alloc(size) {
@@ -160,7 +160,7 @@ pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
     }
     // Regions are folio-aligned.
     let folio = current().map_or(64 << 10, |s| s.settings.folio);
-    if align <= folio && wants(size) {
+    if align <= folio && wants_malloc(size) {
         if let Some(p) = managed_alloc(size) {
             return p;
         }

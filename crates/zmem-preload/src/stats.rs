@@ -102,6 +102,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "adopted_regions": p.adopted_regions,
             "adopted_bytes": p.adopted_bytes,
             "retired_regions": p.retired_regions,
+            "split_regions": p.split_regions,
         },
         "tier": tier,
         "tree": tree,

@@ -64,7 +64,9 @@
 //!   for an Evicting folio the pages are recorded (`dropped`) and the
 //!   evictor drops their entries when it finishes.
 //! - `mremap` of a whole region (REMAP): entries are keyed by (region, page),
-//!   so the region just moves; partial remaps of a region are not supported.
+//!   so the region just moves. A partial move splits it: the moved part is
+//!   a region of its own at its new address whose keys are the old ones
+//!   (`events.rs`, `split_moved`).
 //! - fork: by default regions are `MADV_DONTFORK`: a child does not inherit
 //!   them, and touching one there is a SIGSEGV, never silently wrong data.
 //!   With `keep_on_fork` the child inherits them whole (see `fork.rs`).
