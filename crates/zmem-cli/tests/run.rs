@@ -157,16 +157,80 @@ assert got == b'ok', got
 print("fork ok", mib)
 "#;
 
+/// Python with 128 MiB of blocks under 32M (4x) forks a child that checks
+/// and rewrites them, a `multiprocessing` fork pool whose workers check
+/// them, and a double-forking daemon that checks them after its first
+/// parent has exited. Every forked process runs a pager of its own, which
+/// adopted what it inherited (the parent evicted: `run_managed` checks).
 #[test]
 fn forked_children_pools_and_daemons_see_the_parents_memory() {
-    let swap = tmpdir("py-fork-swap");
+    let o = run_managed("py-fork", "32M", &["python3", "-c", PY_FORK, "128"], "fork ok 128", 300);
+    let stats = std::env::temp_dir().join(format!("zmem-run-test-py-fork-stats-{}", std::process::id()));
+    let adopting = std::fs::read_dir(&stats)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(|v| v["pager"]["adopted_bytes"].as_u64() >= Some(128 << 20))
+        .count();
+    assert!(adopting >= 4, "{adopting} processes adopted the blocks; {}", text(&o));
+}
+
+/// A C daemon (tests/data/daemon.c) that fills 4x the limit, double-forks
+/// (its first parent exits at once, so `zmem run` returns), and from the
+/// grandchild checks what it inherited, rewrites all of it and checks
+/// again. The daemon's memory is managed by a pager of its own (it evicts,
+/// with the limit a quarter of what it rewrites) and it reads back every
+/// word.
+#[test]
+fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
+    let dir = tmpdir("daemon");
+    let exe = dir.join("daemon");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/daemon.c");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
+    assert!(st.success());
+    let (swap, stats, out) = (tmpdir("daemon-swap"), tmpdir("daemon-stats"), dir.join("result"));
+    let _ = std::fs::remove_file(&out);
     let o = zmem(
-        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", PY_FORK, "96"],
-        &[],
-        300,
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"]
+            .into_iter()
+            .chain([out.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        120,
     );
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("fork ok 96"), "{}", text(&o));
+    let first = o.status;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !out.exists() {
+        assert!(Instant::now() < deadline, "the daemon wrote no result; zmem run exited {first}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let result = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(result.trim(), "128 MiB checked twice, 0 bad words");
+    // The daemon's stats file (the last to be written) shows its own pager
+    // adopted what it inherited and evicted.
+    std::thread::sleep(Duration::from_millis(200));
+    let daemon = std::fs::read_dir(&stats)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .max_by_key(|v| v["pager"]["load_faults"].as_u64())
+        .unwrap();
+    let p = &daemon["pager"];
+    assert!(p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20), "{daemon}");
+}
+
+/// Memory the program locks (`MAP_LOCKED`, `mlock`) is never managed, while
+/// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
+#[test]
+fn locked_memory_is_never_managed() {
+    let dir = tmpdir("mlock");
+    let exe = dir.join("mlock");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mlock.c");
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
+    assert!(st.success());
+    let o = run_managed("mlock", "32M", &[exe.to_str().unwrap()], "locked mappings registered: 0; 0 bad words", 120);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 /// libjemalloc.so.2, from Debian's libjemalloc2 (installed by `.ci/run`).

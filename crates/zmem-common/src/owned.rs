@@ -1,6 +1,6 @@
 //! The address ranges that are zmem's own: its mappings (regions, staging,
 //! pool arenas, its heap) and its threads' stacks, plus the stacks of the
-//! program's threads. The mapping scan (`zmem_uffd`'s adoption) never
+//! program's threads and the memory it locked. The mapping scan (`zmem_uffd`'s adoption) never
 //! manages a range that overlaps one of these: a zmem thread that faulted
 //! on its own memory would wait for itself.
 //!
@@ -22,6 +22,9 @@ pub enum Kind {
     Zmem,
     /// A program thread's stack: managed only when the user asks for it.
     Stack,
+    /// Memory the program locked (`mlock`, `mlock2`, `MAP_LOCKED`): never
+    /// managed, as the kernel never reclaims it.
+    Locked,
 }
 
 static RANGES: Mutex<BTreeMap<u64, (u64, Kind)>> = Mutex::new(BTreeMap::new());

@@ -111,6 +111,8 @@ extern "C" fn after_fork_in_parent() {
 /// prepare step, become inherited entries of the table, adopted by the new
 /// pager.
 extern "C" fn after_fork_in_child() {
+    // A child inherits no memory locks (mlockall's MCL_FUTURE included).
+    LOCKED_ALL.store(false, Ordering::Relaxed);
     // This thread is the child's only one, and held the guards at fork.
     let _ = guarded(|| {
         crate::heap::fork_unlock();
@@ -288,8 +290,45 @@ pub(crate) fn wants_malloc(len: usize) -> bool {
     wants(len) && current().is_some_and(|s| !s.settings.adopt)
 }
 
+/// The program called `mlockall(MCL_FUTURE)`: nothing new is managed.
+static LOCKED_ALL: AtomicBool = AtomicBool::new(false);
+
+/// The program locked `[addr, addr + len)`: never adopted.
+pub(crate) fn locked(addr: usize, len: usize) {
+    let start = addr & !(crate::PAGE - 1);
+    let end = (addr + len).div_ceil(crate::PAGE) * crate::PAGE;
+    guarded(|| zmem_common::owned::add(start as u64, end - start, zmem_common::owned::Kind::Locked));
+}
+
+/// The program unlocked what it locked at `addr`.
+pub(crate) fn unlocked(addr: usize) {
+    let start = addr & !(crate::PAGE - 1);
+    guarded(|| {
+        if zmem_common::owned::overlapping(start as u64, start as u64 + 1)
+            .iter()
+            .any(|&(s, _, k)| s == start as u64 && k == zmem_common::owned::Kind::Locked)
+        {
+            zmem_common::owned::remove(start as u64);
+        }
+    });
+}
+
+/// `mlockall(flags)` succeeded.
+pub(crate) fn locked_all(flags: c_int) {
+    if flags & libc::MCL_FUTURE != 0 {
+        LOCKED_ALL.store(true, Ordering::Relaxed);
+        if let Some(s) = current() {
+            guarded(|| s.pager.stop_adopting());
+        }
+    }
+}
+
 pub(crate) fn wants(len: usize) -> bool {
-    !in_zmem() && !CHILD.load(Ordering::Relaxed) && !BROKEN.load(Ordering::Relaxed) && len >= threshold()
+    !LOCKED_ALL.load(Ordering::Relaxed)
+        && !in_zmem()
+        && !CHILD.load(Ordering::Relaxed)
+        && !BROKEN.load(Ordering::Relaxed)
+        && len >= threshold()
 }
 
 pub(crate) fn threshold() -> usize {

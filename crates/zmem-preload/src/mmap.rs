@@ -42,6 +42,15 @@ pub unsafe extern "C" fn mmap(
             return p;
         }
     }
+    if flags & libc::MAP_LOCKED != 0 {
+        // Recorded before a scan can see it.
+        let _recording = guarded(zmem_common::owned::spawn_lock);
+        let p = raw_mmap(addr, len, prot, flags, fd, off);
+        if p != libc::MAP_FAILED {
+            crate::init::locked(p as usize, len);
+        }
+        return p;
+    }
     raw_mmap(addr, len, prot, flags, fd, off)
 }
 
@@ -159,4 +168,50 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         if advice == libc::MADV_FREE && lookup(addr as usize).is_some() { libc::MADV_DONTNEED } else { advice };
     // SAFETY: the kernel's madvise with the caller's arguments.
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int }
+}
+
+/// `mlock`: locked memory is never managed (the kernel never reclaims it
+/// either), so the range is recorded before any scan can adopt it. Memory
+/// already managed stays so (its pages, faulted in by the lock, cannot be
+/// moved out and sit on the unevictable list).
+#[no_mangle]
+pub unsafe extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
+    // SAFETY: the kernel's mlock with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_mlock, addr, len) } as c_int;
+    if r == 0 {
+        crate::init::locked(addr as usize, len);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mlock2(addr: *const c_void, len: usize, flags: libc::c_uint) -> c_int {
+    // SAFETY: the kernel's mlock2 with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) } as c_int;
+    if r == 0 {
+        crate::init::locked(addr as usize, len);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munlock(addr: *const c_void, len: usize) -> c_int {
+    // SAFETY: the kernel's munlock with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_munlock, addr, len) } as c_int;
+    if r == 0 {
+        crate::init::unlocked(addr as usize);
+    }
+    r
+}
+
+/// `mlockall`: with `MCL_FUTURE` everything the program maps from now on
+/// is locked, so nothing new is managed (no region, no adoption).
+#[no_mangle]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    // SAFETY: the kernel's mlockall with the caller's argument.
+    let r = unsafe { libc::syscall(libc::SYS_mlockall, flags) } as c_int;
+    if r == 0 {
+        crate::init::locked_all(flags);
+    }
+    r
 }

@@ -7,8 +7,10 @@
 //! mappings (`vmas.rs`) and adopts each private anonymous one that is
 //! [`AdoptConfig::threshold`] or larger, or that extends a region already
 //! adopted (a heap that grew), less what it must never manage:
-//! - zmem's own memory and its threads' stacks, and the program's thread
-//!   stacks unless [`AdoptConfig::stacks`] (`zmem_common::owned`);
+//! - zmem's own memory and its threads' stacks, the program's thread
+//!   stacks unless [`AdoptConfig::stacks`], and what the program locked
+//!   (`zmem_common::owned`; the shim records `mlock`s and `MAP_LOCKED`), or
+//!   everything new once it called `mlockall` ([`Pager::stop_adopting`]);
 //! - what a region already covers;
 //! - shared, file-backed, device and hugetlb mappings (not anonymous);
 //! - the .bss of every loaded object (the anonymous mapping right after its
@@ -60,6 +62,12 @@ impl Pager {
     /// mapping, or another userfaultfd has it), or a pagemap read's.
     pub fn adopt(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
         self.inner.adopt_range(addr, len)
+    }
+
+    /// No scan adopts anything from now on (the program called `mlockall`:
+    /// whatever it maps is locked). What is managed stays managed.
+    pub fn stop_adopting(&self) {
+        self.inner.adopting.store(false, Ordering::Relaxed);
     }
 
     /// Call before the program's `mremap` of `[addr, addr + len)`: loads
@@ -123,7 +131,7 @@ impl Inner {
             }
             let mut pieces = vec![(v.start, v.end)];
             for (a, b, kind) in owned::overlapping(v.start, v.end) {
-                if kind == Kind::Zmem || !cfg.stacks {
+                if kind != Kind::Stack || !cfg.stacks {
                     subtract(&mut pieces, a, b);
                 }
             }

@@ -205,6 +205,9 @@ struct Inner {
     /// The process has forked: pages may be shared with a child, and
     /// reclaim makes a folio's pages the parent's own before it moves them.
     forked: AtomicBool,
+    /// Scans adopt new mappings (`PagerConfig::adopt`), until
+    /// [`Pager::stop_adopting`].
+    adopting: AtomicBool,
     /// Folios on the shared list (`Lru::shared`): resident, but charged to
     /// no one while another process maps their pages too.
     shared_folios: AtomicUsize,
@@ -234,6 +237,8 @@ struct Held {
 #[derive(Debug, Default, Clone, Copy)]
 struct Pass {
     evicted: usize,
+    /// Set aside as shared with another process (uncharged): progress too.
+    parked: usize,
     rejected: usize,
     unevictable: usize,
 }
@@ -317,6 +322,7 @@ impl Pager {
             reclaim_gate: Mutex::new(()),
             forked: AtomicBool::new(false),
             shared_folios: AtomicUsize::new(0),
+            adopting: AtomicBool::new(true),
             limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
             member,
             uffd,

@@ -69,7 +69,7 @@ impl Inner {
             }
             let gate = self.reclaim_gate.lock_ok();
             let frozen = || self.frozen.load(Ordering::Acquire);
-            if let Some(cfg) = &self.cfg.adopt {
+            if let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) {
                 // On the timer, before evicting (at most 8 times as often),
                 // and when the process's RSS has grown by a sixteenth of the
                 // limit since the last scan (a program filling memory it
@@ -98,7 +98,7 @@ impl Inner {
                     }
                     self.refresh_limit();
                     self.reclaimed.1.notify_all();
-                    if pass.evicted > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
+                    if pass.evicted + pass.parked > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                         // Progress, or unevictable folios set aside: go on.
                         backoff = Duration::ZERO;
                         self.soft.store(false, Ordering::Relaxed);
@@ -153,6 +153,7 @@ impl Inner {
         let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in self.isolate_folios(tracker) {
             if forked && self.park_if_shared(&st, f, staging) {
+                pass.parked += 1;
                 continue;
             }
             if forked {
