@@ -35,7 +35,7 @@ impl Inner {
             }
         }
         let mut bounce = vec![0u8; self.cfg.folio_size];
-        let mut pending: VecDeque<u64> = VecDeque::new();
+        let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
         let spin = self.cfg.handler_spin;
         let mut last_event = Instant::now();
         loop {
@@ -72,7 +72,7 @@ impl Inner {
             }
             for ev in events {
                 match ev {
-                    Event::PageFault { addr, .. } => pending.push_back(addr),
+                    Event::PageFault { addr, write, .. } => pending.push_back((addr, write)),
                     Event::Remove { start, end } | Event::Unmap { start, end } => self.drop_range(start, end),
                     Event::Remap { .. } | Event::Fork { .. } | Event::Unknown(_) => {}
                 }
@@ -82,7 +82,8 @@ impl Inner {
             // read the event that blocks them all.
             let mut i = 0;
             while i < pending.len() {
-                match self.fault(pending[i], &mut bounce) {
+                let (addr, write) = pending[i];
+                match self.fault(addr, write, &mut bounce) {
                     Served::Done => {
                         pending.remove(i);
                     }
@@ -93,7 +94,8 @@ impl Inner {
         }
     }
 
-    fn fault(&self, addr: u64, bounce: &mut [u8]) -> Served {
+    /// Serves a fault at `addr` (`write`: the access was a write).
+    fn fault(&self, addr: u64, write: bool, bounce: &mut [u8]) -> Served {
         let fs = self.cfg.folio_size as u64;
         let Some(st) = self.region_at(addr) else {
             // Not a region (a staging page, or a region being torn down):
@@ -124,6 +126,16 @@ impl Inner {
                 // read an event before its MOVE can finish.
                 inc(&self.counters.eviction_waits);
                 return Served::Busy;
+            }
+            Folio::Never if write => {
+                // Written at once: one COPY of zeros gives the folio its
+                // own pages. The zero page would cost a copy-on-write
+                // fault per page as the program goes on writing.
+                if self.zero_copy_folio(&st, f, folio_addr) == Served::Again {
+                    return Served::Again;
+                }
+                self.became_resident(&st, f);
+                inc(&self.counters.zero_faults);
             }
             Folio::Never => {
                 match self.zero_fill_folio(&st, f, folio_addr) {
@@ -279,6 +291,27 @@ impl Inner {
             p += run;
         }
         Ok(fs as u64)
+    }
+
+    /// `UFFDIO_COPY` of zeros over folio `f` at `folio_addr`, less its
+    /// holes; pages already there are stepped over.
+    fn zero_copy_folio(&self, st: &RegionState, f: usize, folio_addr: u64) -> Served {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
+        let holes = st.holes_in(f * ppf, ppf);
+        let hole = |p: usize| holes.as_ref().is_some_and(|h| h[p]);
+        let mut p = 0;
+        while p < ppf {
+            let run = (p..ppf).take_while(|&q| hole(q) == hole(p)).count();
+            if !hole(p) {
+                let a = folio_addr + (p * PAGE_SIZE) as u64;
+                if self.copy_run(st, a, &self.zeros[..run * PAGE_SIZE]) == Served::Again {
+                    return Served::Again;
+                }
+            }
+            p += run;
+        }
+        Served::Done
     }
 
     pub(super) fn became_resident(&self, st: &Arc<RegionState>, f: usize) {

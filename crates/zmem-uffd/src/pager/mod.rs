@@ -21,6 +21,9 @@
 //!                               ▲                               │ MOVE to staging, store
 //!                               └──fault: load, COPY── Evicted ◄┘ (or hold, if rejected)
 //! ```
+//! - A fault on a Never folio maps the zero page over it (a read), or
+//!   COPYs zeros (a write: one ioctl, rather than a copy-on-write fault
+//!   per page as the program goes on writing).
 //! - Eviction marks the folio Evicting, then takes its pages out of the
 //!   program's page table with `UFFDIO_MOVE` (atomic, no copy): from then
 //!   on any access to a moved page faults, and the fault is deferred until
@@ -205,6 +208,11 @@ struct Inner {
     /// The process has forked: pages may be shared with a child, and
     /// reclaim makes a folio's pages the parent's own before it moves them.
     forked: AtomicBool,
+    /// A folio of zeros, the source of a write fault's COPY on a folio
+    /// never touched.
+    zeros: Box<[u8]>,
+    /// `reclaim_now` asks for a look at the shared folios; cleared once done.
+    rescan_shared_now: AtomicBool,
     /// Scans adopt new mappings (`PagerConfig::adopt`), until
     /// [`Pager::stop_adopting`].
     adopting: AtomicBool,
@@ -323,6 +331,8 @@ impl Pager {
             forked: AtomicBool::new(false),
             shared_folios: AtomicUsize::new(0),
             adopting: AtomicBool::new(true),
+            rescan_shared_now: AtomicBool::new(false),
+            zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),
             limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
             member,
             uffd,
@@ -360,10 +370,20 @@ impl Pager {
         &self.inner.tier
     }
 
-    /// Evicts down to the low watermark now, and waits for it.
+    /// Evicts down to the low watermark now, and waits for it. Folios set
+    /// aside as shared are looked at again first (a forked child may have
+    /// exited).
     pub fn reclaim_now(&self) {
-        self.inner.kick_reclaim();
         let deadline = Instant::now() + Duration::from_secs(5);
+        if self.inner.forked.load(Ordering::Relaxed) {
+            self.inner.rescan_shared_now.store(true, Ordering::Release);
+            self.inner.kick_reclaim();
+            while self.inner.rescan_shared_now.load(Ordering::Acquire) && Instant::now() < deadline {
+                let g = self.inner.reclaimed.0.lock_ok();
+                let _ = self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(1));
+            }
+        }
+        self.inner.kick_reclaim();
         while self.inner.usage() > self.inner.low()
             && !self.inner.soft.load(Ordering::Relaxed)
             && Instant::now() < deadline

@@ -34,9 +34,13 @@ impl Inner {
             rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()
         });
         loop {
-            if self.forked.load(Ordering::Relaxed) && shared_at.elapsed() >= SHARED_RESCAN {
+            if self.forked.load(Ordering::Relaxed)
+                && (shared_at.elapsed() >= SHARED_RESCAN || self.rescan_shared_now.load(Ordering::Acquire))
+            {
                 shared_at = Instant::now();
                 self.rescan_shared(&staging);
+                self.rescan_shared_now.store(false, Ordering::Release);
+                self.reclaimed.1.notify_all();
             }
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
