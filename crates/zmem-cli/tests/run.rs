@@ -271,6 +271,7 @@ fn start_redis(port: u32, dir: &Path, limit: Option<&str>) -> std::process::Chil
             let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
             c.args(["run", "--limit", l, "--swapfile", swap.to_str().unwrap(), "--", "redis-server"]);
             c.env("ZMEM_PRELOAD", preload());
+            c.env("ZMEM_STATS_DIR", tmpdir("redis-stats")).env("ZMEM_STATS_INTERVAL_MS", "50");
             c
         }
         None => Command::new("redis-server"),
@@ -355,6 +356,12 @@ fn redis_server_on_jemalloc_loads_saves_in_the_background_and_reads_back_its_key
     assert_eq!(size, "200000", "{}", text(&o));
     assert_eq!(digest, want, "the dataset differs from redis-server's as is; {}", text(&o));
     assert!(o.status.success(), "{}", text(&o));
+    // zmem managed it: redis-server evicted, and the BGSAVE child ran a
+    // pager of its own, which adopted the dataset it inherited.
+    let stats = tmpdir("redis-stats");
+    let (adopted, evicted) = (pager_max(&stats, "adopted_bytes"), pager_max(&stats, "evicted_folios"));
+    assert!(adopted >= 32 << 20 && evicted > 0, "adopted {adopted} B, evicted {evicted} folios");
+    assert!(std::fs::read_dir(&stats).unwrap().count() >= 2, "no stats file from the BGSAVE child");
 }
 
 /// The anonymous memory of every process in `root`'s tree (itself and its

@@ -323,6 +323,12 @@ pub(crate) fn locked_all(flags: c_int) {
     }
 }
 
+/// Whether a chunk of `len` bytes that glibc's malloc mapped for itself is
+/// adopted at once (adoption on: see `malloc::adopt_chunk`).
+pub(crate) fn adopts_chunks(len: usize) -> bool {
+    wants(len) && current().is_some_and(|s| s.settings.adopt)
+}
+
 pub(crate) fn wants(len: usize) -> bool {
     !LOCKED_ALL.load(Ordering::Relaxed)
         && !in_zmem()

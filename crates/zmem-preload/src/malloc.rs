@@ -8,7 +8,9 @@ use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
 use crate::heap;
-use crate::init::{current, lookup, managed_alloc, managed_free, set_errno, threshold, wants_malloc, REGIONS};
+use crate::init::{
+    adopts_chunks, current, lookup, managed_alloc, managed_free, set_errno, threshold, wants_malloc, REGIONS,
+};
 use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
 
@@ -35,7 +37,44 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         }
     }
     // SAFETY: glibc's malloc, with the caller's argument.
-    unsafe { __libc_malloc(size) }
+    let p = unsafe { __libc_malloc(size) };
+    adopt_chunk(p, size);
+    p
+}
+
+/// A chunk glibc mapped for itself (a request of the threshold or more,
+/// above glibc's mmap threshold) is managed from its first byte, where a
+/// scan would find it only after the program had filled it. The allocator
+/// stays glibc's: the chunk's pages are adopted, nothing else; its `free`
+/// (an munmap) retires the region, its `realloc` (an mremap) moves it.
+fn adopt_chunk(p: *mut c_void, size: usize) {
+    if p.is_null() || !adopts_chunks(size) {
+        return;
+    }
+    // SAFETY: p is a live chunk glibc just returned: the two words before
+    // it are its header (prev_size, then size with its flag bits), in the
+    // same mapping, readable and 8-aligned.
+    let header = unsafe { p.cast::<usize>().sub(2) };
+    // SAFETY: as above: header points at those two words.
+    let words = unsafe { std::slice::from_raw_parts(header, 2) };
+    let (prev, head) = (words[0], words[1]);
+    const IS_MMAPPED: usize = 2;
+    if head & IS_MMAPPED == 0 {
+        return; // from glibc's heap, which a scan adopts as a whole
+    }
+    // An mmapped chunk starts prev_size into its mapping (memalign's lead).
+    let chunk = p as usize - 2 * std::mem::size_of::<usize>();
+    let (start, len) = (chunk - prev, (head & !7) + prev);
+    if start % PAGE != 0 {
+        return;
+    }
+    if let Some(s) = current() {
+        guarded(|| {
+            if let Err(e) = s.pager.adopt(start as u64, len) {
+                log::debug!("a chunk of glibc's at {start:#x} was not adopted: {e}");
+            }
+        });
+    }
 }
 
 #[no_mangle]
@@ -59,7 +98,9 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         }
     }
     // SAFETY: glibc's calloc, with the caller's arguments.
-    unsafe { __libc_calloc(n, size) }
+    let p = unsafe { __libc_calloc(n, size) };
+    adopt_chunk(p, total);
+    p
 }
 
 #[no_mangle]
@@ -147,7 +188,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         }
     }
     // SAFETY: p is glibc's (the caller's contract).
-    unsafe { __libc_realloc(p, size) }
+    let q = unsafe { __libc_realloc(p, size) };
+    // A chunk moved by mremap took its region along; one copied into a
+    // fresh mapping is adopted here (a region that has it already refuses).
+    adopt_chunk(q, size);
+    q
 }
 
 pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
@@ -166,7 +211,9 @@ pub(crate) fn aligned(align: usize, size: usize) -> *mut c_void {
         }
     }
     // SAFETY: glibc's memalign with the caller's arguments.
-    unsafe { __libc_memalign(align, size) }
+    let p = unsafe { __libc_memalign(align, size) };
+    adopt_chunk(p, size);
+    p
 }
 
 #[no_mangle]
