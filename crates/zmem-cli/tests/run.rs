@@ -59,13 +59,17 @@ fn text(o: &Output) -> String {
     format!("stdout: {}\nstderr: {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-fn compile_alloc() -> PathBuf {
-    let dir = tmpdir("cc");
-    let exe = dir.join("alloc");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/alloc.c");
+/// `tests/data/NAME.c`, compiled.
+fn compile_c(name: &str) -> PathBuf {
+    let exe = tmpdir(&format!("cc-{name}")).join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
     let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
     assert!(st.success());
     exe
+}
+
+fn compile_alloc() -> PathBuf {
+    compile_c("alloc")
 }
 
 #[test]
@@ -183,12 +187,8 @@ fn forked_children_pools_and_daemons_see_the_parents_memory() {
 /// word.
 #[test]
 fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
-    let dir = tmpdir("daemon");
-    let exe = dir.join("daemon");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/daemon.c");
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
-    assert!(st.success());
-    let (swap, stats, out) = (tmpdir("daemon-swap"), tmpdir("daemon-stats"), dir.join("result"));
+    let exe = compile_c("daemon");
+    let (swap, stats, out) = (tmpdir("daemon-swap"), tmpdir("daemon-stats"), tmpdir("daemon").join("result"));
     let _ = std::fs::remove_file(&out);
     let o = zmem(
         &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"]
@@ -224,11 +224,7 @@ fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
 /// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
 #[test]
 fn locked_memory_is_never_managed() {
-    let dir = tmpdir("mlock");
-    let exe = dir.join("mlock");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mlock.c");
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
-    assert!(st.success());
+    let exe = compile_c("mlock");
     let o = run_managed("mlock", "32M", &[exe.to_str().unwrap()], "locked mappings registered: 0; 0 bad words", 120);
     assert!(o.status.success(), "{}", text(&o));
 }

@@ -69,39 +69,15 @@ impl PageMap {
         let end = addr + (n * PAGE_SIZE) as u64;
         let mut zero = vec![false; n];
         let mut buf = vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 32];
-        let mut at = addr;
-        while at < end {
-            let mut a = uapi::pm_scan_arg {
-                size: std::mem::size_of::<uapi::pm_scan_arg>() as u64,
-                flags: 0,
-                start: at,
-                end,
-                walk_end: 0,
-                vec: buf.as_mut_ptr() as u64,
-                vec_len: buf.len() as u64,
-                max_pages: 0,
-                category_inverted: 0,
-                category_mask: u64::from(uapi::PAGE_IS_PFNZERO | uapi::PAGE_IS_PRESENT),
-                category_anyof_mask: 0,
-                return_mask: u64::from(uapi::PAGE_IS_PFNZERO),
-            };
-            // SAFETY: PAGEMAP_SCAN without WP flags only reads page tables:
-            // it reads one pm_scan_arg and writes it back (walk_end), and
-            // writes at most vec_len page_regions into buf, which outlives
-            // the call.
-            let r = unsafe { call::<PAGEMAP_SCAN, _>(self.fd.as_fd(), &mut a) };
-            r.map_err(WriteTracker::err(at, end - at))?;
-            for reg in buf.iter_mut().take_while(|r| r.end > r.start) {
-                let (a0, b0) =
-                    ((reg.start.max(addr) - addr) as usize / PAGE_SIZE, (reg.end.min(end) - addr) as usize / PAGE_SIZE);
-                zero[a0..b0].iter_mut().for_each(|z| *z = true);
-                *reg = uapi::page_region { start: 0, end: 0, categories: 0 };
-            }
-            if a.walk_end >= end || a.walk_end <= at {
-                break;
-            }
-            at = a.walk_end;
-        }
+        let categories = uapi::PAGE_IS_PFNZERO | uapi::PAGE_IS_PRESENT;
+        let scan = Scan { flags: 0, categories, returned: uapi::PAGE_IS_PFNZERO };
+        // SAFETY: without WP flags PAGEMAP_SCAN only reads page tables.
+        unsafe {
+            pm_scan(&self.fd, &mut buf, addr..end, scan, &mut |a, b| {
+                let (a, b) = ((a.max(addr) - addr) as usize / PAGE_SIZE, (b.min(end) - addr) as usize / PAGE_SIZE);
+                zero[a..b].iter_mut().for_each(|z| *z = true);
+            })
+        }?;
         Ok(zero)
     }
 
@@ -148,48 +124,78 @@ impl WriteTracker {
     /// # Errors
     /// The ioctl's error (EPERM if the range is not WP_ASYNC-registered).
     pub fn scan_written(&mut self, start: u64, end: u64, mut written: impl FnMut(u64, u64)) -> Result<(), UffdError> {
-        let mut at = start;
-        while at < end {
-            let mut a = uapi::pm_scan_arg {
-                size: std::mem::size_of::<uapi::pm_scan_arg>() as u64,
-                flags: u64::from(uapi::PM_SCAN_WP_MATCHING | uapi::PM_SCAN_CHECK_WPASYNC),
-                start: at,
-                end,
-                walk_end: 0,
-                vec: self.buf.as_mut_ptr() as u64,
-                vec_len: self.buf.len() as u64,
-                max_pages: 0,
-                category_inverted: 0,
-                // Present pages only: a scan that matched holes would put
-                // uffd-wp markers in them, which turn their MISSING faults
-                // into write-protect faults.
-                category_mask: u64::from(uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT),
-                category_anyof_mask: 0,
-                return_mask: u64::from(uapi::PAGE_IS_WRITTEN),
-            };
-            // SAFETY: PAGEMAP_SCAN reads one pm_scan_arg and writes it back
-            // (walk_end), and writes at most vec_len page_regions into
-            // self.buf, which outlives the call. Its only other effect is
-            // write-protecting pages of [start, end), which the uffd then
-            // unprotects on write by itself (WP_ASYNC).
-            let r = unsafe { call::<PAGEMAP_SCAN, _>(self.pagemap.as_fd(), &mut a) };
-            // The ioctl returns the number of regions filled, which rustix's
-            // Updater discards: the buffer is zeroed after use, so the filled
-            // regions are the non-empty prefix.
-            r.map_err(Self::err(at, end - at))?;
-            for reg in self.buf.iter_mut().take_while(|r| r.end > r.start) {
-                written(reg.start, reg.end);
-                *reg = uapi::page_region { start: 0, end: 0, categories: 0 };
-            }
-            if a.walk_end >= end || a.walk_end <= at {
-                break;
-            }
-            at = a.walk_end;
-        }
-        Ok(())
+        let flags = uapi::PM_SCAN_WP_MATCHING | uapi::PM_SCAN_CHECK_WPASYNC;
+        // Present pages only: a scan that matched holes would put uffd-wp
+        // markers in them, which turn their MISSING faults into
+        // write-protect faults.
+        let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
+        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
+        // SAFETY: the scan's only effect besides reading page tables is
+        // write-protecting pages of [start, end), which the uffd then
+        // unprotects on write by itself (WP_ASYNC).
+        unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut written) }
     }
 
     fn err(addr: u64, len: u64) -> impl Fn(Errno) -> UffdError {
         move |errno| UffdError::Ioctl { op: "PAGEMAP_SCAN", addr, len, errno }
     }
+}
+
+/// What a `PAGEMAP_SCAN` asks for: its flags, the categories a page must
+/// have, and those reported.
+#[derive(Debug, Clone, Copy)]
+struct Scan {
+    flags: u32,
+    categories: u32,
+    returned: u32,
+}
+
+/// `PAGEMAP_SCAN` over `range` of `/proc/self/pagemap` (`fd`), in as many
+/// calls as `buf` needs; `f` gets each matching range.
+///
+/// # Safety
+/// With `flags` that write-protect, the caller answers for what that does
+/// to the range (see [`WriteTracker`]).
+unsafe fn pm_scan(
+    fd: &OwnedFd,
+    buf: &mut [uapi::page_region],
+    range: std::ops::Range<u64>,
+    scan: Scan,
+    f: &mut dyn FnMut(u64, u64),
+) -> Result<(), UffdError> {
+    let (mut at, end) = (range.start, range.end);
+    while at < end {
+        let mut a = uapi::pm_scan_arg {
+            size: std::mem::size_of::<uapi::pm_scan_arg>() as u64,
+            flags: u64::from(scan.flags),
+            start: at,
+            end,
+            walk_end: 0,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: buf.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: u64::from(scan.categories),
+            category_anyof_mask: 0,
+            return_mask: u64::from(scan.returned),
+        };
+        // SAFETY: PAGEMAP_SCAN reads one pm_scan_arg and writes it back
+        // (walk_end), and writes at most vec_len page_regions into buf,
+        // which outlives the call; what else it does to page tables is the
+        // caller's contract.
+        let r = unsafe { call::<PAGEMAP_SCAN, _>(fd.as_fd(), &mut a) };
+        // The ioctl returns the number of regions filled, which rustix's
+        // Updater discards: the buffer is zeroed after use, so the filled
+        // regions are the non-empty prefix.
+        r.map_err(WriteTracker::err(at, end - at))?;
+        for reg in buf.iter_mut().take_while(|r| r.end > r.start) {
+            f(reg.start, reg.end);
+            *reg = uapi::page_region { start: 0, end: 0, categories: 0 };
+        }
+        if a.walk_end >= end || a.walk_end <= at {
+            break;
+        }
+        at = a.walk_end;
+    }
+    Ok(())
 }

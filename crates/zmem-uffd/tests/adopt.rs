@@ -64,6 +64,20 @@ fn wait_evicted(p: &Pager, at_least: u64) {
     }
 }
 
+/// A pager under a 4 MiB limit that adopted a fresh `len`-byte mapping,
+/// every page `p` of which is then written with tag `p`. Returns the pager,
+/// the mapping's address and its pages.
+fn adopted_and_written(len: usize) -> (Pager, usize, usize) {
+    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let base = mmap(0, len);
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
+    let pages = len / PAGE_SIZE;
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    (pager, base, pages)
+}
+
 #[test]
 fn a_mapping_the_program_made_is_managed_through_holes_a_new_mapping_mremap_and_munmap() {
     let _wd = watchdog("adopt", 120);
@@ -198,13 +212,7 @@ fn zmems_own_mappings_are_recorded_while_they_live() {
 fn a_folio_split_by_mprotect_is_served_page_by_page() {
     let _wd = watchdog("adopt-mprotect", 60);
     let len = 8 * MIB;
-    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
-    let base = mmap(0, len);
-    pager.adopt(base as u64, len).unwrap();
-    let pages = len / PAGE_SIZE;
-    for p in 0..pages {
-        write(base + p * PAGE_SIZE, p as u64);
-    }
+    let (pager, base, pages) = adopted_and_written(len);
     wait_evicted(&pager, 16);
     // Pages 8..16 of the first folio become read-only: two mappings.
     let ro = base + 8 * PAGE_SIZE;
@@ -233,13 +241,7 @@ fn a_folio_split_by_mprotect_is_served_page_by_page() {
 fn a_folio_across_two_mappings_is_evicted_whole() {
     let _wd = watchdog("adopt-two-vmas", 60);
     let len = 8 * MIB;
-    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
-    let base = mmap(0, len);
-    pager.adopt(base as u64, len).unwrap();
-    let pages = len / PAGE_SIZE;
-    for p in 0..pages {
-        write(base + p * PAGE_SIZE, p as u64);
-    }
+    let (pager, base, pages) = adopted_and_written(len);
     // SAFETY: part of this test's mapping; DONTFORK changes only what a
     // child would inherit.
     assert_eq!(unsafe { libc::madvise((base + 8 * PAGE_SIZE) as *mut _, 8 * PAGE_SIZE, libc::MADV_DONTFORK) }, 0);
@@ -277,13 +279,7 @@ fn a_folio_across_two_mappings_is_evicted_whole() {
 fn a_partial_mremap_of_an_evicted_region_keeps_every_page_where_it_went() {
     let _wd = watchdog("partial mremap", 120);
     let len = 24 * MIB;
-    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
-    let base = mmap(0, len);
-    let pages = len / PAGE_SIZE;
-    assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
-    for p in 0..pages {
-        write(base + p * PAGE_SIZE, p as u64);
-    }
+    let (pager, base, pages) = adopted_and_written(len);
     wait_evicted(&pager, (16 * MIB / (64 << 10)) as u64);
     // Pages [from, from + n) move, starting 3 pages into a folio and ending
     // 5 pages into another.
