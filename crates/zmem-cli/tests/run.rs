@@ -179,6 +179,27 @@ fn forked_children_pools_and_daemons_see_the_parents_memory() {
     assert!(adopting >= 4, "{adopting} processes adopted the blocks; {}", text(&o));
 }
 
+/// vfork (CPython's subprocess) and posix_spawn run no atfork handlers:
+/// while 96 MiB of blocks are evicted under 32M, the program starts 40
+/// children each way, and every block reads back.
+#[test]
+fn vfork_and_posix_spawn_children_run_while_memory_is_evicted() {
+    let py = r#"
+import os, subprocess, sys
+mib = int(sys.argv[1])
+blocks = [bytearray(os.urandom(64)) * (1 << 14) for _ in range(mib)]
+sums = [hash(bytes(b)) for b in blocks]
+for i in range(40):
+    assert subprocess.run(["true"]).returncode == 0
+    pid = os.posix_spawn("/bin/true", ["true"], os.environ)
+    assert os.waitpid(pid, 0)[1] == 0
+    b = blocks[(i * 7) % mib]
+assert all(hash(bytes(b)) == s for b, s in zip(blocks, sums))
+print("spawned ok", mib)
+"#;
+    run_managed("spawn", "32M", &["python3", "-c", py, "96"], "spawned ok 96", 300);
+}
+
 /// A C daemon (tests/data/daemon.c) that fills 4x the limit, double-forks
 /// (its first parent exits at once, so `zmem run` returns), and from the
 /// grandchild checks what it inherited, rewrites all of it and checks
