@@ -154,6 +154,14 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_FOLIO", args.folio.clone());
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
+    // Directories are made absolute here: the program may change its
+    // working directory (pyenv's shims do) before its pagers start.
+    let cwd = std::env::current_dir().context("the working directory")?;
+    for (k, v) in vars.iter_mut() {
+        if (k == "ZMEM_SWAPFILE_DIR" || k == "ZMEM_STATS_DIR") && !v.is_empty() && Path::new(v.as_str()).is_relative() {
+            *v = cwd.join(v.as_str()).display().to_string();
+        }
+    }
     // A bad value is an error here, before the program starts.
     let settings =
         Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;

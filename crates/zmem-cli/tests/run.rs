@@ -38,7 +38,13 @@ fn tmpdir(name: &str) -> PathBuf {
 
 /// Runs `zmem ARGS` with `env`, killing it after `secs` (a hang fails).
 fn zmem(args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
+    zmem_in(Path::new("."), args, env, secs)
+}
+
+/// `zmem ARGS` with DIR as its working directory.
+fn zmem_in(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+    c.current_dir(dir);
     c.args(args).env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
@@ -113,6 +119,24 @@ fn python_allocating_4x_its_limit_reads_everything_back() {
     );
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok 128"), "{}", text(&o));
+}
+
+/// Relative directories name places under `zmem run`'s working directory,
+/// not under whatever directory the program later moves to.
+#[test]
+fn relative_swap_and_stats_directories_survive_the_program_changing_directory() {
+    let dir = tmpdir("relative");
+    std::fs::create_dir_all(dir.join("swap")).unwrap();
+    std::fs::create_dir_all(dir.join("stats")).unwrap();
+    let o = zmem_in(
+        &dir,
+        &["run", "--limit", "16M", "--swapfile", "swap", "--", "sh", "-c", "cd / && exec python3 -c \"$0\" 48", PY],
+        &[("ZMEM_STATS_DIR", "stats"), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        300,
+    );
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok 48"), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("shim is off"), "{}", text(&o));
+    assert!(pager_max(&dir.join("stats"), "evicted_folios") > 0, "{}", text(&o));
 }
 
 /// fork three ways: a child that checks and changes its copy, a
