@@ -329,3 +329,76 @@ fn a_partial_mremap_of_an_evicted_region_keeps_every_page_where_it_went() {
     let t = pager.tier().stats();
     assert_eq!(t.stored_pages + t.same_filled_pages, 0, "entries left: {t:?}");
 }
+
+/// A range the program unmaps and maps again (glibc trimming its brk heap
+/// and growing it back) while reclaim is evicting it: the new mapping is
+/// not a region, and its pages are the program's alone. UFFDIO_MOVE takes
+/// pages from any anonymous mapping, registered or not, so an eviction
+/// that looked at the holes before the UNMAP was read and moved after the
+/// program wrote its new pages took them: they read as zeros (Python's
+/// collector died on such a page under `zmem run`). Eight 256 KiB ranges
+/// are adopted, go cold under a writer that keeps reclaim busy, and are
+/// unmapped, mapped again, written and checked, round after round.
+#[test]
+fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
+    let _wd = watchdog("adopt-remap-race", 120);
+    // Each MOVE waits 1 ms after looking up the holes: without the lock
+    // that closes the window, nearly every round lost pages.
+    let cfg = PagerConfig { inject_move_delay: Duration::from_millis(1), ..PagerConfig::with_limit(4 * MIB) };
+    let pager = Pager::new(cfg).unwrap();
+    // Pressure: a 16 MiB region written over and over.
+    let hot_len = 16 * MIB;
+    let hot = mmap(0, hot_len);
+    assert_eq!(pager.adopt(hot as u64, hot_len).unwrap(), hot_len);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for p in 0..hot_len / PAGE_SIZE {
+                    page(hot + p * PAGE_SIZE)[0].store(n, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+        })
+    };
+    const SLOTS: usize = 8;
+    const SLOT: usize = 256 << 10;
+    let area = mmap(0, SLOTS * SLOT);
+    let pages = SLOT / PAGE_SIZE;
+    let tag = |round: usize, s: usize, p: usize| ((round * SLOTS + s) * pages + p) as u64;
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let mut round = 0;
+    let mut bad = 0;
+    while Instant::now() < deadline && bad == 0 {
+        for s in 0..SLOTS {
+            let a = area + s * SLOT;
+            // SAFETY: this test's own range, no reference to it lives.
+            assert_eq!(unsafe { libc::munmap(a as *mut _, SLOT) }, 0);
+            assert_eq!(mmap(a, SLOT), a);
+            for p in 0..pages {
+                write(a + p * PAGE_SIZE, tag(round, s, p));
+            }
+            bad += (0..pages).map(|p| bad_words(a + p * PAGE_SIZE, tag(round, s, p))).sum::<usize>();
+            // Managed from here: reclaim evicts it while the other slots go
+            // round.
+            assert_eq!(pager.adopt(a as u64, SLOT).unwrap(), SLOT);
+        }
+        for s in 0..SLOTS {
+            let a = area + s * SLOT;
+            bad += (0..pages).map(|p| bad_words(a + p * PAGE_SIZE, tag(round, s, p))).sum::<usize>();
+        }
+        round += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let st = pager.stats();
+    assert_eq!(bad, 0, "words lost after {round} rounds: {st:?}");
+    assert!(st.evicted_folios > 0 && round > 10, "{round} rounds, {st:?}");
+    // SAFETY: the test's mappings, no longer used.
+    unsafe {
+        assert_eq!(libc::munmap(area as *mut _, SLOTS * SLOT), 0);
+        assert_eq!(libc::munmap(hot as *mut _, hot_len), 0);
+    }
+}

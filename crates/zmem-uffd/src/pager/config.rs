@@ -70,6 +70,11 @@ pub struct PagerConfig {
     /// keeps its usage within its share.
     pub tree: Option<std::path::PathBuf>,
     pub tier: TierConfig,
+    /// Fault injection for tests: reclaim sleeps this long between looking
+    /// up a folio's holes and moving its pages, widening the window an
+    /// UNMAP must never slip through (`move_folio`). Zero in real use.
+    #[doc(hidden)]
+    pub inject_move_delay: Duration,
 }
 
 /// Which of the program's mappings a scan adopts, and how often it looks.
@@ -108,6 +113,7 @@ impl PagerConfig {
             adopt: None,
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
+            inject_move_delay: Duration::ZERO,
         }
     }
 }

@@ -22,19 +22,32 @@ impl Inner {
     }
 
     /// The program dropped `[start, end)` (madvise, munmap): the entries of
-    /// every region there are invalidated. An adopted region the program
-    /// has unmapped all of is forgotten.
-    pub(super) fn drop_range(&self, start: u64, end: u64) {
-        for st in self.regions_in(start, end) {
-            self.drop_range_in(&st, start, end);
+    /// `regions` (those there when the event was read) are invalidated
+    /// there. An adopted region the program has unmapped all of is
+    /// forgotten.
+    pub(super) fn drop_range(&self, regions: &[(Arc<RegionState>, u64)], start: u64, end: u64) {
+        for (st, base) in regions {
+            self.drop_range_in(st, *base, start, end);
             if st.adopted && st.mapped_parts().is_empty() {
-                self.retire(&st);
+                self.retire(st);
             }
         }
     }
 
-    fn drop_range_in(&self, st: &Arc<RegionState>, start: u64, end: u64) {
-        let base = st.start.load(Ordering::Acquire);
+    /// The regions over `[start, end)` now, with their addresses.
+    pub(super) fn regions_at(&self, start: u64, end: u64) -> Vec<(Arc<RegionState>, u64)> {
+        self.regions_in(start, end)
+            .into_iter()
+            .map(|st| {
+                let base = st.start.load(Ordering::Acquire);
+                (st, base)
+            })
+            .collect()
+    }
+
+    /// `drop_range` for region `st`, which was at `base` when the event
+    /// was read.
+    fn drop_range_in(&self, st: &Arc<RegionState>, base: u64, start: u64, end: u64) {
         let first_page = ((start.max(base) - base) / PAGE_SIZE as u64) as usize;
         let last_page = ((end.min(base + st.len as u64) - base).div_ceil(PAGE_SIZE as u64)) as usize;
         let ppf = self.cfg.folio_size / PAGE_SIZE;

@@ -54,10 +54,19 @@ impl Inner {
             let guard = self.events.lock_ok();
             let Ok(events) = self.uffd.read_events(64) else { return };
             // Where regions are (REMAP) and which parts the program unmapped
-            // (UNMAP), before anyone may look (`Region::drop`).
+            // (UNMAP), before anyone may look (`Region::drop`). The regions
+            // each REMOVE or UNMAP drops pages of are the ones there now: a
+            // region adopted once the guard is gone (the program mapped the
+            // range again) is not the one the event is about. Each is taken
+            // with its address then (a later REMAP may move it).
+            let mut drops: VecDeque<Vec<(Arc<RegionState>, u64)>> = VecDeque::new();
             for ev in &events {
                 match *ev {
-                    Event::Unmap { start, end } => self.note_unmapped(start, end),
+                    Event::Unmap { start, end } => {
+                        self.note_unmapped(start, end);
+                        drops.push_back(self.regions_at(start, end));
+                    }
+                    Event::Remove { start, end } => drops.push_back(self.regions_at(start, end)),
                     Event::Remap { from, to, len } => self.remap(from, to, len),
                     _ => {}
                 }
@@ -73,7 +82,10 @@ impl Inner {
             for ev in events {
                 match ev {
                     Event::PageFault { addr, write, .. } => pending.push_back((addr, write)),
-                    Event::Remove { start, end } | Event::Unmap { start, end } => self.drop_range(start, end),
+                    Event::Remove { start, end } | Event::Unmap { start, end } => {
+                        let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
+                        self.drop_range(&regions, start, end);
+                    }
                     Event::Remap { .. } | Event::Fork { .. } | Event::Unknown(_) => {}
                 }
             }

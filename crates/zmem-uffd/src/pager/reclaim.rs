@@ -358,11 +358,21 @@ impl Inner {
         let mut shared = false;
         let mut recount = false;
         // Never MOVE from what the program unmapped: the kernel may have put
-        // someone else's pages there since. Holding `events` for a moment
-        // makes every UNMAP already read recorded; one not yet read fails
-        // our MOVE with EAGAIN, and the holes are looked up again then.
-        drop(self.events.lock_ok());
+        // someone else's pages there since (a brk heap shrunk and grown
+        // again: UFFDIO_MOVE takes pages from any anonymous VMA, registered
+        // or not). `events` is held from looking up the holes until the
+        // MOVEs are done: every UNMAP read before is a hole here, and one
+        // not yet read fails our MOVE with EAGAIN (the kernel's
+        // `mmap_changing`, raised until the event is read), after which the
+        // lock is let go for the handler and the holes looked up again.
+        // Holding it only while looking up left a window: the handler read
+        // an UNMAP, the program grew its heap back over the range and wrote
+        // there, and this MOVE took the new pages (they read as zeros).
+        let mut events = self.events.lock_ok();
         let mut holes = st.holes_in(f * ppf, ppf);
+        if !self.cfg.inject_move_delay.is_zero() {
+            std::thread::sleep(self.cfg.inject_move_delay);
+        }
         let mut off = 0u64;
         while off < fs {
             let hole = |off: u64| holes.as_ref().is_some_and(|h| h[off as usize / PAGE_SIZE]);
@@ -388,8 +398,9 @@ impl Inner {
                     present[page..(off + done) as usize / PAGE_SIZE].fill(true);
                     recount = true;
                     off += done;
+                    drop(events);
                     std::thread::sleep(Duration::from_micros(20));
-                    drop(self.events.lock_ok());
+                    events = self.events.lock_ok();
                     holes = st.holes_in(f * ppf, ppf);
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays;
@@ -402,6 +413,7 @@ impl Inner {
                 }
             }
         }
+        drop(events);
         if recount {
             if let Some(occupied) = staging.occupied(slot) {
                 if occupied != present {
