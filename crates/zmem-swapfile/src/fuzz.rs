@@ -34,8 +34,17 @@ pub fn check_slot_read(data: &[u8]) {
         sf.file().set_len(body.len() as u64).expect("truncate");
     }
     sf.file().write_all_at(&body[..body.len().min(PAGE_SIZE)], 0).expect("overwrite");
+    // An object read (compressed writeback) of part of the slot fails or
+    // succeeds exactly as the whole-slot read below.
+    let mut obj = vec![0u8; 1000];
+    let obj_result = sf.read_objs(&mut [(slot, 77, &mut obj[..])]).pop().expect("one result");
     let mut dst = vec![0u8; PAGE_SIZE];
-    match sf.read(slot, &mut dst) {
+    let page_result = sf.read(slot, &mut dst);
+    assert_eq!(obj_result.is_ok(), page_result.is_ok(), "{obj_result:?} against {page_result:?}");
+    if obj_result.is_ok() {
+        assert!(obj[..] == page[77..1077], "an object read returned bytes that were never written");
+    }
+    match page_result {
         Ok(()) => {
             assert!(dst == page, "read returned bytes that were never written");
             assert!(body.len() >= PAGE_SIZE && body[..PAGE_SIZE] == on_disk[..], "a changed slot passed its checksum");

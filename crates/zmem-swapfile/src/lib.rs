@@ -20,12 +20,17 @@
 //!   [`SwapStats::direct_io`] says which, and [`SwapFile::page_cache_bytes`]
 //!   measures what the file holds in memory (`cachestat`).
 //!
-//! Writeback stores raw (decompressed) pages, as the kernel does: a slot is a
-//! page, a load from the file needs no codec, and slot arithmetic stays
-//! trivial. Packing compressed objects into slots (zram's
-//! `compressed_writeback`) would cut file I/O by the compression ratio
-//! (~2-3x on heap pages) at the cost of a sub-page allocator and a
-//! decompression on every swap-in; see ARCHITECTURE.md.
+//! Two ways in:
+//! - [`SwapFile::write_batch`]: raw pages, one per slot, as the kernel's
+//!   swap does.
+//! - [`SwapFile::write_packed`]: compressed objects packed into slots
+//!   (zram's compressed writeback). Objects never straddle a slot; a slot
+//!   counts the live objects in it and is freed when the last goes
+//!   ([`SwapFile::free`] drops one). This cuts file I/O, encryption and
+//!   checksumming by the compression ratio, and writeback needs no codec.
+//!   The price is fragmentation: a slot stays in use while one of its
+//!   objects lives. [`SwapStats::objects_written`] against
+//!   [`SwapStats::pages_written`] gives the packing achieved.
 #![deny(unsafe_code)]
 
 pub mod crypt;
@@ -89,7 +94,11 @@ impl Default for SwapFileConfig {
 pub struct SwapStats {
     pub slots_in_use: u64,
     pub file_bytes: u64,
+    /// Slots written (4 KiB each).
     pub pages_written: u64,
+    /// Objects written: pages for `write_batch`, compressed objects for
+    /// `write_packed`.
+    pub objects_written: u64,
     pub write_calls: u64,
     pub pages_read: u64,
     /// Read syscalls: one per `read`, one per run of a `read_batch`.
@@ -104,6 +113,8 @@ struct Slots {
     map: SlotMap,
     /// CRC32 of each slot's plaintext, by slot number.
     sums: Vec<u32>,
+    /// Live objects in each slot, by slot number (1 for a raw page).
+    refs: Vec<u16>,
 }
 
 /// A swap file of 4 KiB slots.
@@ -115,6 +126,7 @@ pub struct SwapFile {
     mempool: Arc<Mempool>,
     max_bytes: u64,
     pages_written: AtomicU64,
+    objects_written: AtomicU64,
     write_calls: AtomicU64,
     pages_read: AtomicU64,
     read_calls: AtomicU64,
@@ -211,6 +223,40 @@ fn rand_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Places objects of `lens` in 4 KiB blocks, first fit in order: each
+/// object's (block, offset), and how many blocks.
+fn pack(lens: impl Iterator<Item = usize>) -> (Vec<(usize, u16)>, usize) {
+    let mut place = Vec::new();
+    let (mut block, mut used) = (0usize, 0usize);
+    for len in lens {
+        if used + len > PAGE_SIZE {
+            block += 1;
+            used = 0;
+        }
+        place.push((block, used as u16));
+        used += len;
+    }
+    let n = if place.is_empty() { 0 } else { block + 1 };
+    (place, n)
+}
+
+impl SwapError {
+    /// The same error, about `slot` (one failed read fails each object of
+    /// the slot).
+    fn clone_for(&self, slot: Slot) -> SwapError {
+        match self {
+            SwapError::Io { op, source, .. } => {
+                SwapError::Io { op, slot, source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            SwapError::Corrupt { .. } => SwapError::Corrupt { slot },
+            SwapError::NotInUse { .. } => SwapError::NotInUse { slot },
+            SwapError::BadPage { len } => SwapError::BadPage { len: *len },
+            SwapError::NoSpace { max_bytes } => SwapError::NoSpace { max_bytes: *max_bytes },
+            _ => SwapError::BounceAlloc,
+        }
+    }
+}
+
 impl SwapFile {
     /// The file descriptors this swap file holds open (see
     /// `zmem_uffd::Pager::abandon_in_child`, which closes them in a forked
@@ -239,11 +285,12 @@ impl SwapFile {
         let max_slots = (cfg.max_bytes / PAGE_SIZE as u64).min(u64::from(u32::MAX)) as u32;
         Ok(SwapFile {
             file,
-            slots: Mutex::new(Slots { map: SlotMap::new(max_slots), sums: Vec::new() }),
+            slots: Mutex::new(Slots { map: SlotMap::new(max_slots), sums: Vec::new(), refs: Vec::new() }),
             crypt,
             mempool,
             max_bytes: cfg.max_bytes,
             pages_written: AtomicU64::new(0),
+            objects_written: AtomicU64::new(0),
             write_calls: AtomicU64::new(0),
             pages_read: AtomicU64::new(0),
             read_calls: AtomicU64::new(0),
@@ -274,6 +321,41 @@ impl SwapFile {
         if let Some(p) = pages.iter().find(|p| p.len() != PAGE_SIZE) {
             return Err(SwapError::BadPage { len: p.len() });
         }
+        let slots = self.write_blocks(pages, &vec![1; pages.len()])?;
+        self.objects_written.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        Ok(slots)
+    }
+
+    /// Writes `objs` (each 1 to `PAGE_SIZE` bytes) packed into fresh slots,
+    /// in order, first fit: an object goes after the previous one when it
+    /// fits in the rest of the slot, else at the start of the next slot.
+    /// Returns each object's slot and byte offset in it; read one back with
+    /// [`read_objs`](Self::read_objs) and its length. All or nothing, as
+    /// [`write_batch`](Self::write_batch).
+    ///
+    /// # Errors
+    /// As [`write_batch`](Self::write_batch); [`SwapError::BadPage`] for an
+    /// empty object or one over a page.
+    pub fn write_packed(&self, objs: &[&[u8]]) -> Result<Vec<(Slot, u16)>, SwapError> {
+        if let Some(o) = objs.iter().find(|o| o.is_empty() || o.len() > PAGE_SIZE) {
+            return Err(SwapError::BadPage { len: o.len() });
+        }
+        let (place, nblocks) = pack(objs.iter().map(|o| o.len()));
+        let mut blocks = vec![0u8; nblocks * PAGE_SIZE];
+        let mut counts = vec![0u16; nblocks];
+        for (o, &(b, off)) in objs.iter().zip(&place) {
+            let at = b * PAGE_SIZE + off as usize;
+            blocks[at..at + o.len()].copy_from_slice(o);
+            counts[b] += 1;
+        }
+        let pages: Vec<&[u8]> = blocks.chunks_exact(PAGE_SIZE).collect();
+        let slots = self.write_blocks(&pages, &counts)?;
+        self.objects_written.fetch_add(objs.len() as u64, Ordering::Relaxed);
+        Ok(place.iter().map(|&(b, off)| (slots[b], off)).collect())
+    }
+
+    /// Writes whole `pages` to fresh slots, slot `i` holding `refs[i]` objects.
+    fn write_blocks(&self, pages: &[&[u8]], refs: &[u16]) -> Result<Vec<Slot>, SwapError> {
         let slots = self.lock().map.alloc(pages.len());
         if slots.len() < pages.len() {
             self.free_all(&slots);
@@ -282,11 +364,13 @@ impl SwapFile {
         match self.write_slots(pages, &slots) {
             Ok(sums) => {
                 let mut g = self.lock();
-                for (&s, sum) in slots.iter().zip(sums) {
+                for ((&s, sum), &n) in slots.iter().zip(sums).zip(refs) {
                     if g.sums.len() <= s as usize {
                         g.sums.resize(s as usize + 1, 0);
+                        g.refs.resize(s as usize + 1, 0);
                     }
                     g.sums[s as usize] = sum;
+                    g.refs[s as usize] = n;
                 }
                 Ok(slots)
             }
@@ -514,16 +598,60 @@ impl SwapFile {
         Ok(())
     }
 
-    /// Frees `slot`.
+    /// Drops one object of `slot` (the page, for a raw slot); the slot is
+    /// free once its last object is dropped.
     ///
     /// # Errors
     /// [`SwapError::NotInUse`] for a slot that is not in use.
     pub fn free(&self, slot: Slot) -> Result<(), SwapError> {
-        if self.lock().map.free(slot) {
-            Ok(())
-        } else {
-            Err(SwapError::NotInUse { slot })
+        let mut g = self.lock();
+        if !g.map.in_use(slot) {
+            return Err(SwapError::NotInUse { slot });
         }
+        let left = g.refs.get_mut(slot as usize).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left == 0 {
+            g.map.free(slot);
+        }
+        Ok(())
+    }
+
+    /// Reads objects back: `reqs[i]` is (slot, offset, destination), and
+    /// the destination's length is the object's. Each slot is read,
+    /// decrypted and checked once, however many of its objects are asked
+    /// for, and neighbouring slots are read by one `preadv` (as
+    /// [`read_batch`](Self::read_batch)). `out[i]` is the result for
+    /// `reqs[i]`; an error for a slot is the error of each of its objects.
+    pub fn read_objs(&self, reqs: &mut [(Slot, u16, &mut [u8])]) -> Vec<Result<(), SwapError>> {
+        let mut slots: Vec<Slot> = reqs.iter().map(|r| r.0).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut blocks = vec![0u8; slots.len() * PAGE_SIZE];
+        let results = {
+            let mut breqs: Vec<(Slot, &mut [u8])> =
+                slots.iter().copied().zip(blocks.chunks_exact_mut(PAGE_SIZE)).collect();
+            self.read_batch(&mut breqs)
+        };
+        reqs.iter_mut()
+            .map(|(slot, off, dst)| {
+                let b = slots.binary_search(slot).expect("every slot was read");
+                match &results[b] {
+                    Err(e) => Err(e.clone_for(*slot)),
+                    Ok(()) => {
+                        let at = b * PAGE_SIZE + usize::from(*off);
+                        match blocks.get(at..at + dst.len()).filter(|_| usize::from(*off) + dst.len() <= PAGE_SIZE) {
+                            Some(src) => {
+                                dst.copy_from_slice(src);
+                                Ok(())
+                            }
+                            None => Err(SwapError::BadPage { len: usize::from(*off) + dst.len() }),
+                        }
+                    }
+                }
+            })
+            .collect()
     }
 
     pub fn stats(&self) -> SwapStats {
@@ -532,6 +660,7 @@ impl SwapFile {
             slots_in_use: u64::from(g.map.inuse()),
             file_bytes: u64::from(g.map.nr_slots()) * PAGE_SIZE as u64,
             pages_written: self.pages_written.load(Ordering::Relaxed),
+            objects_written: self.objects_written.load(Ordering::Relaxed),
             write_calls: self.write_calls.load(Ordering::Relaxed),
             pages_read: self.pages_read.load(Ordering::Relaxed),
             read_calls: self.read_calls.load(Ordering::Relaxed),
@@ -551,7 +680,7 @@ impl SwapFile {
     /// Bytes of in-memory bookkeeping (the checksum table and slot bitmap).
     pub fn metadata_bytes(&self) -> usize {
         let g = self.lock();
-        g.sums.capacity() * 4 + (g.map.nr_slots() as usize).div_ceil(8)
+        g.sums.capacity() * 4 + g.refs.capacity() * 2 + (g.map.nr_slots() as usize).div_ceil(8)
     }
 
     /// Fault injection (`zmem bench soak`, tests): the next `n` writes fail

@@ -13,8 +13,11 @@ pub enum Stored {
     /// page when `len == PAGE_SIZE` (an incompressible page, kept only when
     /// writeback is possible).
     Pool { handle: Handle, len: u32 },
-    /// Written back: a slot of the swap file.
-    Swap { slot: Slot },
+    /// Written back: `len` bytes at `off` in a slot of the swap file, the
+    /// object as it was in the pool (compressed writeback). A raw page when
+    /// `len == PAGE_SIZE`; otherwise compressed by the entry's pool's
+    /// compressor, so the entry keeps its pool reference.
+    Swap { slot: Slot, off: u16, len: u16 },
 }
 
 /// One stored page.
@@ -24,7 +27,7 @@ pub enum Stored {
 ///   entry that was invalidated, loaded or stored again meanwhile is never
 ///   mistaken for the one they picked.
 /// - `pool`: the id of the pool whose compressor and zs pool hold the object
-///   (meaningful for [`Stored::Pool`] only).
+///   (meaningful where [`Entry::holds_pool`]).
 /// - `referenced`: set on store and on a non-exclusive load; the shrinker
 ///   clears it and gives the entry a second trip round the LRU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,5 +41,15 @@ pub struct Entry {
 impl Entry {
     pub fn in_pool(&self) -> bool {
         matches!(self.stored, Stored::Pool { .. })
+    }
+
+    /// Whether the entry needs its pool: for the object, or for the
+    /// compressor that made its written-back object.
+    pub fn holds_pool(&self) -> bool {
+        match self.stored {
+            Stored::Pool { .. } => true,
+            Stored::Swap { len, .. } => usize::from(len) < zmem_zsmalloc::PAGE_SIZE,
+            Stored::SameFilled(_) => false,
+        }
     }
 }

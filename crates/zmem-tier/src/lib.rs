@@ -233,7 +233,7 @@ impl Tier {
                 }
                 self.lru.note_stale(1);
             }
-            Stored::Swap { .. } => {}
+            Stored::Swap { .. } => dec(&c.swap_pages, 1),
         }
         shard.release(
             e,
@@ -244,7 +244,7 @@ impl Tier {
                 }
             },
             |e| {
-                if let (Stored::Swap { slot }, Some(sf)) = (e.stored, &self.swap) {
+                if let (Stored::Swap { slot, .. }, Some(sf)) = (e.stored, &self.swap) {
                     let r = sf.free(slot);
                     debug_assert!(r.is_ok(), "{r:?}");
                 }
@@ -289,7 +289,9 @@ impl Tier {
             zswpout: r(&c.zswpout),
             zswpin: r(&c.zswpin),
             zswpwb: r(&c.written_back_pages),
-            swap_pages: self.swap.as_ref().map_or(0, |s| s.stats().slots_in_use),
+            swap_pages: r(&c.swap_pages),
+            swap_slots: self.swap.as_ref().map_or(0, |s| s.stats().slots_in_use),
+            swap_written_bytes: self.swap.as_ref().map_or(0, |s| s.stats().pages_written * PAGE_SIZE as u64),
             pools: pools.len() as u64,
             memory_bytes: (self.mempool.bytes_held() + pool_meta + tree_bytes + swap_meta) as u64,
         }

@@ -9,6 +9,18 @@ use crate::stats::inc;
 use crate::tree::Shard;
 use crate::{Entry, Pool, Stored, Tier, TierError};
 
+/// A page [`Tier::load_many`] took an object for.
+struct Taken {
+    page: usize,
+    /// The entry's id when taken.
+    id: u64,
+    /// The pool whose compressor expands the object.
+    pool: Option<Arc<Pool>>,
+    /// The object: `objs[at..at + len]`.
+    at: usize,
+    len: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadOutcome {
     Loaded,
@@ -25,26 +37,45 @@ fn fill(dst: &mut [u8], v: u64) {
 impl Tier {
     /// Decompresses (or copies, for a raw page) a pool entry into `dst`.
     pub(crate) fn load_from_pool(pool: &Pool, key: u64, e: &Entry, dst: &mut [u8]) -> Result<(), TierError> {
-        let Stored::Pool { handle, len } = e.stored else { unreachable!("a pool entry") };
-        pool.zs
-            .map(handle, |obj| {
-                if len as usize == PAGE_SIZE {
-                    dst.copy_from_slice(obj);
-                    return Ok(());
-                }
-                let mut res = [Ok(0)];
-                let mut d = [&mut *dst];
-                pool.compressor.decompress_batch(&[obj], &mut d, &mut res)?;
-                match res[0] {
-                    Ok(n) if n == PAGE_SIZE => Ok(()),
-                    Ok(got) => Err(TierError::Decompress {
-                        key,
-                        source: DecompressError::LengthMismatch { codec: "codec", got, want: PAGE_SIZE },
-                    }),
-                    Err(ref source) => Err(TierError::Decompress { key, source: source.clone() }),
-                }
-            })
-            .map_err(TierError::Pool)?
+        let Stored::Pool { handle, .. } = e.stored else { unreachable!("a pool entry") };
+        pool.zs.map(handle, |obj| Self::expand(pool, key, obj, dst)).map_err(TierError::Pool)?
+    }
+
+    /// The page `obj` (an object as the pool holds it: compressed by
+    /// `pool`'s compressor, or the raw page) into `dst`.
+    fn expand(pool: &Pool, key: u64, obj: &[u8], dst: &mut [u8]) -> Result<(), TierError> {
+        if obj.len() == PAGE_SIZE {
+            dst.copy_from_slice(obj);
+            return Ok(());
+        }
+        let mut res = [Ok(0)];
+        let mut d = [&mut *dst];
+        pool.compressor.decompress_batch(&[obj], &mut d, &mut res)?;
+        match res[0] {
+            Ok(n) if n == PAGE_SIZE => Ok(()),
+            Ok(got) => Err(TierError::Decompress {
+                key,
+                source: DecompressError::LengthMismatch { codec: "codec", got, want: PAGE_SIZE },
+            }),
+            Err(ref source) => Err(TierError::Decompress { key, source: source.clone() }),
+        }
+    }
+
+    /// Reads a written-back entry's object from the swap file into `dst`
+    /// and expands it (the caller holds the entry's shard).
+    fn load_from_swap(&self, shard: &Shard<Arc<Pool>>, key: u64, e: &Entry, dst: &mut [u8]) -> Result<(), TierError> {
+        let Stored::Swap { slot, off, len } = e.stored else { unreachable!("a swap entry") };
+        let sf = self.swap.as_ref().expect("swap entries exist only with a swap file");
+        let mut obj = [0u8; PAGE_SIZE];
+        let obj = &mut obj[..usize::from(len)];
+        let r = sf.read_objs(&mut [(slot, off, &mut *obj)]).pop().expect("one result per request");
+        r.map_err(|source| TierError::Swap { key, source })?;
+        if obj.len() == PAGE_SIZE {
+            dst.copy_from_slice(obj);
+            return Ok(());
+        }
+        let pool = shard.pool(e.pool).expect("a compressed swap entry's shard holds its pool");
+        Self::expand(pool, key, obj, dst)
     }
 
     /// Loads the page stored under `key` into `dst` (one page). An exclusive
@@ -69,10 +100,7 @@ impl Tier {
             Stored::Pool { .. } => {
                 Self::load_from_pool(shard.pool(e.pool).expect("a pool entry's shard holds its pool"), key, &e, dst)
             }
-            Stored::Swap { slot } => match &self.swap {
-                Some(sf) => sf.read(slot, dst).map_err(|source| TierError::Swap { key, source }),
-                None => unreachable!("swap entries exist only with a swap file"),
-            },
+            Stored::Swap { .. } => self.load_from_swap(&shard, key, &e, dst),
         };
         if let Err(err) = r {
             inc(&self.counters.decompress_fail, 1);
@@ -85,65 +113,165 @@ impl Tier {
     }
 
     /// Loads `dst.len() / PAGE_SIZE` pages from keys `key`, `key + 1`, ...
-    /// (a folio): as many [`load`](Self::load)s, except that the pages in
-    /// the swap file are read together, one `preadv` per run of
-    /// neighbouring slots, with no tree lock held during the I/O. `out[i]`
-    /// is page `i`'s outcome; a page that fails keeps its entry, as `load`.
+    /// (a folio): as many [`load`](Self::load)s, but batched. Each entry's
+    /// object is taken under its shard lock (copied out of the pool, or
+    /// noted for the swap file); then, with no lock held, the swap file's
+    /// objects are read together (one `preadv` per run of neighbouring
+    /// slots, each slot once), and every compressed object is decompressed
+    /// in `decompress_batch` calls of the pool's batch size. `out[i]` is
+    /// page `i`'s outcome; a page that fails keeps its entry, as `load`.
     ///
-    /// Each swap read is checked after it returns: if the key no longer
-    /// holds the same entry (invalidated, loaded, or stored again meanwhile,
-    /// so its slot may have been reused), that page is loaded again with
-    /// `load`.
+    /// At the end each entry is freed under its lock if the key still
+    /// holds the same entry (the same id: its content cannot have changed,
+    /// wherever writeback moved it); a page whose entry changed meanwhile
+    /// (invalidated, or stored again) is loaded again with `load`.
     pub fn load_many(&self, key: u64, dst: &mut [u8]) -> Vec<Result<LoadOutcome, TierError>> {
         if dst.is_empty() || dst.len() % PAGE_SIZE != 0 {
             return vec![Err(TierError::BadFolio { len: dst.len() })];
         }
         let n = dst.len() / PAGE_SIZE;
         let mut out: Vec<Result<LoadOutcome, TierError>> = Vec::with_capacity(n);
-        // (page, slot, entry id) of the pages to read from the swap file.
-        let mut swapped = Vec::new();
+        // Objects copied out or read in, back to back.
+        let mut objs = vec![0u8; n * PAGE_SIZE];
+        let mut used = 0;
+        let mut taken: Vec<Taken> = Vec::with_capacity(n);
+        // (slot, offset, at, len, index in `taken`) of the swap file's objects.
+        let mut reads: Vec<(zmem_swapfile::Slot, u16, usize, usize, usize)> = Vec::new();
         for (i, page) in dst.chunks_exact_mut(PAGE_SIZE).enumerate() {
             let k = key.wrapping_add(i as u64);
-            let at_swap = self.tree.lock(k).get(k).and_then(|e| match e.stored {
-                Stored::Swap { slot } => Some((slot, e.id)),
-                _ => None,
-            });
-            match at_swap {
-                Some((slot, id)) if self.swap.is_some() => {
-                    swapped.push((i, slot, id));
+            let mut shard = self.tree.lock(k);
+            let Some(e) = shard.get(k).copied() else {
+                out.push(Ok(LoadOutcome::NotFound));
+                continue;
+            };
+            let pool = if e.holds_pool() { shard.pool(e.pool).cloned() } else { None };
+            let len = match e.stored {
+                Stored::SameFilled(v) => {
+                    fill(page, v);
+                    let dropped = self.loaded(&mut shard, k);
+                    drop(shard);
+                    drop(dropped);
                     out.push(Ok(LoadOutcome::Loaded));
+                    continue;
                 }
-                _ => out.push(self.load(k, page)),
-            }
+                Stored::Pool { handle, len } => {
+                    let len = len as usize;
+                    let p = pool.as_ref().expect("a pool entry's shard holds its pool");
+                    let at = &mut objs[used..used + len];
+                    if let Err(err) = p.zs.map(handle, |o| at.copy_from_slice(&o[..len])) {
+                        inc(&self.counters.decompress_fail, 1);
+                        out.push(Err(TierError::Pool(err)));
+                        continue;
+                    }
+                    len
+                }
+                Stored::Swap { slot, off, len } if self.swap.is_some() => {
+                    reads.push((slot, off, used, usize::from(len), taken.len()));
+                    usize::from(len)
+                }
+                Stored::Swap { .. } => unreachable!("swap entries exist only with a swap file"),
+            };
+            drop(shard);
+            taken.push(Taken { page: i, id: e.id, pool, at: used, len });
+            used += len;
+            out.push(Ok(LoadOutcome::Loaded));
         }
-        if swapped.is_empty() {
+        if taken.is_empty() {
             return out;
         }
-        let sf = self.swap.as_ref().expect("checked above");
+        // The swap file's objects, each slot read once.
+        let mut failed: Vec<Option<TierError>> = (0..n).map(|_| None).collect();
+        if !reads.is_empty() {
+            let sf = self.swap.as_ref().expect("checked above");
+            let mut rest = &mut objs[..used];
+            let mut base = 0;
+            // `reads` is in `objs` order (pushed as `used` grew).
+            let mut reqs: Vec<(zmem_swapfile::Slot, u16, &mut [u8])> = Vec::with_capacity(reads.len());
+            for &(slot, off, at, len, _) in &reads {
+                let tail = std::mem::take(&mut rest);
+                let (_, tail) = tail.split_at_mut(at - base);
+                let (obj, tail) = tail.split_at_mut(len);
+                rest = tail;
+                base = at + len;
+                reqs.push((slot, off, obj));
+            }
+            for (&(.., t), res) in reads.iter().zip(sf.read_objs(&mut reqs)) {
+                if let Err(source) = res {
+                    let page = taken[t].page;
+                    failed[page] = Some(TierError::Swap { key: key.wrapping_add(page as u64), source });
+                }
+            }
+        }
+        // Expand: raw objects are copied, compressed ones decompressed in
+        // batches per pool.
         let mut pages: Vec<Option<&mut [u8]>> = dst.chunks_exact_mut(PAGE_SIZE).map(Some).collect();
-        let mut reqs: Vec<(zmem_swapfile::Slot, &mut [u8])> =
-            swapped.iter().map(|&(i, slot, _)| (slot, pages[i].take().expect("each page once"))).collect();
-        let results = sf.read_batch(&mut reqs);
-        let mut again = Vec::new();
-        for ((&(i, slot, id), r), (_, page)) in swapped.iter().zip(results).zip(reqs) {
-            let k = key.wrapping_add(i as u64);
-            let mut shard = self.tree.lock(k);
-            let same = shard.get(k).is_some_and(|e| e.id == id && e.stored == (Stored::Swap { slot }));
-            if !same {
-                drop(shard);
-                again.push((i, page));
+        let mut batch: Vec<usize> = Vec::new();
+        for (t, tk) in taken.iter().enumerate() {
+            if failed[tk.page].is_some() {
                 continue;
             }
-            if let Err(source) = r {
+            if tk.len == PAGE_SIZE {
+                pages[tk.page].as_deref_mut().expect("each page once").copy_from_slice(&objs[tk.at..tk.at + tk.len]);
+            } else {
+                batch.push(t);
+            }
+        }
+        while let Some(&first) = batch.first() {
+            let pool = taken[first].pool.clone().expect("a compressed object holds its pool");
+            let max = pool.compressor.batch_size().max(1);
+            let group: Vec<usize> = batch
+                .iter()
+                .copied()
+                .filter(|&t| taken[t].pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, &pool)))
+                .take(max)
+                .collect();
+            batch.retain(|t| !group.contains(t));
+            let src: Vec<&[u8]> = group.iter().map(|&t| &objs[taken[t].at..taken[t].at + taken[t].len]).collect();
+            let mut d: Vec<&mut [u8]> = Vec::with_capacity(group.len());
+            for &t in &group {
+                // Each page appears once in `taken`, so each is taken once.
+                d.push(pages[taken[t].page].take().expect("each page once"));
+            }
+            let mut res = vec![Ok(0); group.len()];
+            let whole = pool.compressor.decompress_batch(&src, &mut d, &mut res);
+            for ((&t, r), dp) in group.iter().zip(res).zip(d) {
+                let page = taken[t].page;
+                let k = key.wrapping_add(page as u64);
+                let err = match (&whole, r) {
+                    (Err(e), _) => Some(TierError::from(e.clone())),
+                    (Ok(()), Ok(n)) if n == PAGE_SIZE => None,
+                    (Ok(()), Ok(got)) => Some(TierError::Decompress {
+                        key: k,
+                        source: DecompressError::LengthMismatch { codec: "codec", got, want: PAGE_SIZE },
+                    }),
+                    (Ok(()), Err(source)) => Some(TierError::Decompress { key: k, source }),
+                };
+                failed[page] = err;
+                pages[page] = Some(dp);
+            }
+        }
+        // Commit: free each entry that is still the one taken.
+        let mut again = Vec::new();
+        for tk in &taken {
+            let k = key.wrapping_add(tk.page as u64);
+            let mut shard = self.tree.lock(k);
+            if shard.get(k).is_none_or(|e| e.id != tk.id) {
+                drop(shard);
+                again.push(tk.page);
+                continue;
+            }
+            if let Some(err) = failed[tk.page].take() {
                 inc(&self.counters.decompress_fail, 1);
-                out[i] = Err(TierError::Swap { key: k, source });
+                out[tk.page] = Err(err);
                 continue;
             }
             let dropped = self.loaded(&mut shard, k);
             drop(shard);
             drop(dropped);
         }
-        for (i, page) in again {
+        drop(taken);
+        for i in again {
+            let page = pages[i].take().expect("each page once");
             out[i] = self.load(key.wrapping_add(i as u64), page);
         }
         out

@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     pub stored_incompressible_pages: AtomicU64,
     pub same_filled_pages: AtomicU64,
     pub written_back_pages: AtomicU64,
+    /// Entries now in the swap file.
+    pub swap_pages: AtomicU64,
     pub pool_limit_hit: AtomicU64,
     pub reject_compress_poor: AtomicU64,
     pub reject_compress_fail: AtomicU64,
@@ -52,8 +54,13 @@ pub struct TierStats {
     pub zswpout: u64,
     pub zswpin: u64,
     pub zswpwb: u64,
-    /// Pages now in the swap file.
+    /// Pages now in the swap file (entries: several share a slot).
     pub swap_pages: u64,
+    /// Slots of the swap file in use (4 KiB each).
+    pub swap_slots: u64,
+    /// Bytes written to the swap file, for `written_back_pages` pages:
+    /// compressed writeback packs several pages per slot.
+    pub swap_written_bytes: u64,
     /// Pools alive: the current one and old ones that still hold entries.
     pub pools: u64,
     /// Every resident byte the tier holds: the mempool (pool pages, free and
@@ -77,6 +84,8 @@ const HELP: &[(&str, &str, &str)] = &[
     ("zswpin", "counter", "Pages loaded"),
     ("zswpwb", "counter", "Pages written back"),
     ("swap_pages", "gauge", "Pages in the swap file"),
+    ("swap_slots", "gauge", "4 KiB slots of the swap file in use"),
+    ("swap_written_bytes", "counter", "Bytes written to the swap file"),
     ("pools", "gauge", "Pools alive"),
     ("memory_bytes", "gauge", "Resident bytes held by the tier"),
 ];

@@ -71,7 +71,7 @@ impl<P: Clone> Shard<P> {
     /// the entry is in a pool). Returns the entry it replaced, which the
     /// caller MUST release with [`Shard::release`].
     pub fn insert(&mut self, key: u64, entry: Entry, pool: &P) -> Option<Entry> {
-        if entry.in_pool() {
+        if entry.holds_pool() {
             self.get_ref(entry.pool, pool);
         }
         self.entries.insert(key, entry)
@@ -101,35 +101,43 @@ impl<P: Clone> Shard<P> {
             }
             Stored::Swap { .. } => {
                 free_slot(&e);
-                None
+                if e.holds_pool() {
+                    self.put_ref(e.pool)
+                } else {
+                    None
+                }
             }
             Stored::SameFilled(_) => None,
         }
     }
 
     /// The second half of writeback: if `key` still holds entry `id` in a
-    /// pool, it now points at `slot`; the old pool object is freed through
-    /// `free_obj` and its pool reference dropped. Returns `Ok(pool dropped
-    /// by this shard, if any)`, or `Err(())` when the entry changed while the
-    /// page was being written, in which case the caller frees the slot.
+    /// pool, it now points at `to` (a [`Stored::Swap`]); the old pool object
+    /// is freed through `free_obj`. The pool reference is dropped unless the
+    /// written-back object is compressed (it still needs the pool's
+    /// compressor). Returns `Ok(pool dropped by this shard, if any)`, or
+    /// `Err(())` when the entry changed while the page was being written, in
+    /// which case the caller frees the slot.
     #[allow(clippy::result_unit_err)]
     pub fn writeback_commit(
         &mut self,
         key: u64,
         id: u64,
-        slot: zmem_swapfile::Slot,
+        to: Stored,
         free_obj: impl FnOnce(&P, &Entry),
     ) -> Result<Option<P>, ()> {
+        debug_assert!(matches!(to, Stored::Swap { .. }), "{to:?}");
         let Some(e) = self.entries.get_mut(&key) else { return Err(()) };
         if e.id != id || !e.in_pool() {
             return Err(());
         }
         let old = *e;
-        e.stored = Stored::Swap { slot };
+        e.stored = to;
+        let keeps = e.holds_pool();
         if let Some(p) = self.pool(old.pool) {
             free_obj(p, &old);
         }
-        Ok(self.put_ref(old.pool))
+        Ok(if keeps { None } else { self.put_ref(old.pool) })
     }
 
     pub fn len(&self) -> usize {

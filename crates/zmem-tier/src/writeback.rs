@@ -1,4 +1,6 @@
-//! Writeback: the coldest pool entries go to the swap file.
+//! Writeback: the coldest pool entries go to the swap file, as they are in
+//! the pool (compressed writeback): objects are copied out, packed into
+//! slots and written; no codec runs. They are decompressed when loaded.
 
 use zmem_common::LockExt;
 use zmem_zsmalloc::PAGE_SIZE;
@@ -34,7 +36,10 @@ impl Tier {
             self.lru.rebuild(|k, id| self.tree.lock(k).get(k).is_some_and(|e| e.id == id && e.in_pool()));
         }
         scratch.resize(max * PAGE_SIZE, 0);
+        // (key, id), and where in `scratch` the object was copied.
         let mut victims: Vec<(u64, u64)> = Vec::with_capacity(max);
+        let mut objs: Vec<(usize, usize)> = Vec::with_capacity(max);
+        let mut used = 0;
         let mut rotate = Vec::new();
         let mut scanned = 0;
         while victims.len() < max && scanned < max * 8 {
@@ -58,9 +63,17 @@ impl Tier {
                 }
                 let e = *e;
                 let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
-                let dst = &mut scratch[victims.len() * PAGE_SIZE..(victims.len() + 1) * PAGE_SIZE];
-                match Self::load_from_pool(pool, key, &e, dst) {
-                    Ok(()) => victims.push((key, id)),
+                let Stored::Pool { handle, len } = e.stored else { unreachable!("checked in_pool") };
+                let len = len as usize;
+                let copied = pool.zs.map(handle, |obj| {
+                    scratch[used..used + len].copy_from_slice(&obj[..len]);
+                });
+                match copied {
+                    Ok(()) => {
+                        victims.push((key, id));
+                        objs.push((used, len));
+                        used += len;
+                    }
                     Err(_) => {
                         inc(&self.counters.decompress_fail, 1);
                         rotate.push((key, id));
@@ -72,8 +85,8 @@ impl Tier {
         if victims.is_empty() {
             return pass;
         }
-        let pages: Vec<&[u8]> = scratch.chunks_exact(PAGE_SIZE).take(victims.len()).collect();
-        let slots = match sf.write_batch(&pages) {
+        let pieces: Vec<&[u8]> = objs.iter().map(|&(at, len)| &scratch[at..at + len]).collect();
+        let slots = match sf.write_packed(&pieces) {
             Ok(s) => s,
             Err(_) => {
                 // ENOSPC, EIO, no bounce pages: the entries stay in the pool.
@@ -84,10 +97,11 @@ impl Tier {
             }
         };
         let mut written = 0;
-        for ((key, id), slot) in victims.into_iter().zip(slots) {
+        for (((key, id), (slot, off)), &(_, len)) in victims.into_iter().zip(slots).zip(&objs) {
             let mut shard = self.tree.lock(key);
             let mut raw = false;
-            let r = shard.writeback_commit(key, id, slot, |p, e| {
+            let to = Stored::Swap { slot, off, len: len as u16 };
+            let r = shard.writeback_commit(key, id, to, |p, e| {
                 if let Stored::Pool { handle, len } = e.stored {
                     raw = len as usize == PAGE_SIZE;
                     let r = p.zs.free(handle);
@@ -112,6 +126,7 @@ impl Tier {
             }
         }
         inc(&self.counters.written_back_pages, written as u64);
+        inc(&self.counters.swap_pages, written as u64);
         pass.written = written;
         pass
     }

@@ -17,6 +17,9 @@ use zmem_zsmalloc::Handle;
 
 const KEY: u64 = 42;
 const SLOT: u32 = 5;
+/// Entry 1's object, written back compressed: it keeps the pool (for its
+/// compressor) until it goes.
+const SWAPPED: Stored = Stored::Swap { slot: SLOT, off: 300, len: 100 };
 
 #[derive(Debug, Default)]
 struct Freed {
@@ -38,7 +41,7 @@ fn free_obj(f: &Freed, e: &Entry) {
 }
 
 fn free_slot(f: &Freed, e: &Entry) {
-    assert_eq!(e.stored, Stored::Swap { slot: SLOT });
+    assert_eq!(e.stored, SWAPPED);
     f.slot.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -59,7 +62,7 @@ fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
                 }
                 // (the page is written to SLOT here, with no lock held)
                 let mut shard = tree.lock(KEY);
-                let r = shard.writeback_commit(KEY, 1, SLOT, |_, e| free_obj(&freed, e));
+                let r = shard.writeback_commit(KEY, 1, SWAPPED, |_, e| free_obj(&freed, e));
                 drop(shard);
                 if r.is_err() {
                     freed.slot.fetch_add(1, Ordering::SeqCst);
@@ -79,7 +82,7 @@ fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
         let slot_freed = freed.slot.load(Ordering::SeqCst);
         match fin {
             // SLOT holds entry 1's page: only entry 1 may point at it.
-            Some(e @ Entry { stored: Stored::Swap { slot }, .. }) => {
+            Some(e @ Entry { stored: Stored::Swap { slot, .. }, .. }) => {
                 assert_eq!((e.id, slot, slot_freed), (1, SLOT, 0), "key {KEY} points at another entry's page");
             }
             _ => assert!(slot_freed <= 1, "slot freed {slot_freed} times"),
@@ -89,8 +92,9 @@ fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
             assert_eq!(fin.unwrap().stored, Stored::Pool { handle: Handle::from_raw(2), len: 100 });
             assert_eq!(freed.new_obj.load(Ordering::SeqCst), 0);
         }
-        // The shard holds the pool exactly while a pool entry needs it.
-        assert_eq!(shard.pool(0).is_some(), fin.is_some_and(|e| e.in_pool()));
+        // The shard holds the pool exactly while an entry needs it (in the
+        // pool, or written back compressed).
+        assert_eq!(shard.pool(0).is_some(), fin.is_some_and(|e| e.holds_pool()));
         if let Some(e) = shard.remove(KEY) {
             let _ = shard.release(e, |_, e| free_obj(&freed, e), |e| free_slot(&freed, e));
         }

@@ -198,10 +198,18 @@ fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
     assert!(t.swap_file().unwrap().encrypted());
     // The coldest went first.
     assert!(matches!(t.lookup(0), Some(Stored::Swap { .. })));
+    // Compressed writeback: objects go as they are, several to a slot.
+    assert!(s.swap_slots < s.swap_pages, "{s:?}");
+    assert!(s.swap_written_bytes < s.written_back_pages * PAGE_SIZE as u64 * 3 / 4, "{s:?}");
+    // A new compressor: entries written back by the old one still load (the
+    // old pool stays for them).
+    t.set_compressor("zstd:1".parse().unwrap()).unwrap();
+    assert_eq!(t.stats().pools, 2);
     for k in 0..n {
         assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
     }
-    assert_eq!(t.stats().swap_pages, 0);
+    let s = t.stats();
+    assert_eq!((s.swap_pages, s.swap_slots, s.pools), (0, 0, 1), "{s:?}");
     assert_eq!(t.shrinker().count(), 0);
 }
 
@@ -321,7 +329,7 @@ fn a_corrupt_slot_is_an_error_and_the_entry_stays() {
     t.store(7, corpus().page(7)).unwrap();
     // One call gets past the second chance (`referenced` is set on store).
     assert_eq!(t.writeback(1), 1);
-    let Some(Stored::Swap { slot }) = t.lookup(7) else { panic!("written back") };
+    let Some(Stored::Swap { slot, .. }) = t.lookup(7) else { panic!("written back") };
     let f = t.swap_file().unwrap().file();
     let off = u64::from(slot) * PAGE_SIZE as u64 + 99;
     let mut b = [0u8];

@@ -471,7 +471,7 @@ fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
     let (pg, slot) = (0..pages)
         .rev()
         .find_map(|pg| match t.lookup(r.entry_key(pg * PAGE_SIZE)) {
-            Some(zmem_tier::Stored::Swap { slot }) => Some((pg, slot)),
+            Some(zmem_tier::Stored::Swap { slot, .. }) => Some((pg, slot)),
             _ => None,
         })
         .expect("a page in the swap file");
@@ -480,9 +480,17 @@ fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, off).unwrap();
     f.write_all_at(&[b[0] ^ 0x40], off).unwrap();
-    // A neighbour in the same folio (16 pages) loads intact...
+    // A neighbour in the same folio (16 pages) whose object is in another
+    // slot (compressed writeback packs several per slot) loads intact...
     let ppf = 16;
-    let other = if pg % ppf == 0 { pg + 1 } else { pg - 1 };
+    let folio = pg / ppf * ppf;
+    let other = (folio..folio + ppf)
+        .find(|&o| match t.lookup(r.entry_key(o * PAGE_SIZE)) {
+            Some(zmem_tier::Stored::Swap { slot: s, .. }) => s != slot,
+            Some(_) => true,
+            None => false,
+        })
+        .expect("a page of the folio outside the corrupt slot");
     assert_eq!(check_page(&r, other, 5), 0, "page {other}");
     println!("touching the corrupt page {pg}");
     // ...and the corrupt one is SIGBUS, never the wrong bytes.
