@@ -19,6 +19,7 @@
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
 //! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
 //! | `ZMEM_DISABLE` | `0` | `1`: the shim passes everything through |
+//! | `ZMEM_LOG` | `warn` | `info` or `debug`: more on stderr (from the shim and from `zmem`) |
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -174,6 +175,8 @@ impl Settings {
                 }
                 "ZMEM_DISABLE" => s.disable = parse_bool(k, v)?,
                 "ZMEM_TREE" => s.tree = (!v.is_empty()).then(|| PathBuf::from(v)),
+                // Read by the logger itself (`zmem_common::init_stderr_logger`).
+                "ZMEM_LOG" => {}
                 k if k.starts_with("ZMEM_") && k != "ZMEM_PRELOAD" => {
                     return Err(format!("{k}: unknown setting (see `zmem run --help`)"));
                 }
@@ -257,7 +260,13 @@ mod tests {
 
     #[test]
     fn good_values_parse_and_bad_ones_say_which() {
-        let s = Settings::from_vars([("ZMEM_LIMIT", "256M"), ("ZMEM_COMPRESSOR", "zstd:3"), ("PATH", "/bin")]).unwrap();
+        let s = Settings::from_vars([
+            ("ZMEM_LIMIT", "256M"),
+            ("ZMEM_COMPRESSOR", "zstd:3"),
+            ("PATH", "/bin"),
+            ("ZMEM_LOG", "debug"),
+        ])
+        .unwrap();
         assert_eq!(s.limit, 256 << 20);
         assert_eq!(s.compressor.to_string(), "zstd:3");
         for (k, v, why) in [

@@ -211,6 +211,7 @@ impl Inner {
             regions.insert((addr, st.id), Arc::clone(&st));
         }
         inc(&self.counters.adopted_regions);
+        log::debug!("adopted {addr:#x}..{:#x} as region {}", addr + len as u64, st.id);
         self.counters.adopted_bytes.fetch_add(len as u64, Ordering::Relaxed);
         let pm = PageMap::open()?;
         let ppf = fs / PAGE_SIZE;
@@ -262,6 +263,7 @@ impl Inner {
             }
         }
         self.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
+        log::debug!("retired region {} at {base:#x}", st.id);
         inc(&self.counters.retired_regions);
     }
 

@@ -12,6 +12,7 @@ impl Inner {
     /// recorded, so that dropping a region never unmaps what the kernel
     /// has since placed there.
     pub(super) fn note_unmapped(&self, start: u64, end: u64) {
+        log::debug!("UNMAP {start:#x}..{end:#x}");
         for st in self.regions_in(start, end) {
             let base = st.start.load(Ordering::Acquire);
             let (a, b) = (start.max(base), end.min(base + st.len as u64));
