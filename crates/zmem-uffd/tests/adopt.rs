@@ -401,3 +401,82 @@ fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
     // SAFETY: as above; the writer that used it has been joined.
     assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
 }
+
+/// Folios across two of the kernel's mappings, the boundary at page 11
+/// (a brk heap's VMAs need not meet at folio boundaries), written, evicted
+/// and read back round after round, every word checked.
+#[test]
+fn folios_across_mapping_boundaries_keep_every_page_through_many_evictions() {
+    let _wd = watchdog("adopt-straddle", 120);
+    let len = 8 * MIB;
+    let (pager, base, pages) = adopted_and_written(len);
+    // Split the kernel's mapping at page 11 of every other folio.
+    for f in (0..pages / 16).step_by(2) {
+        let at = base + (f * 16 + 11) * PAGE_SIZE;
+        // SAFETY: part of this test's mapping; DONTFORK changes only what a
+        // child would inherit, and splits the kernel's mapping there.
+        assert_eq!(unsafe { libc::madvise(at as *mut _, 16 * PAGE_SIZE, libc::MADV_DONTFORK) }, 0);
+    }
+    for round in 1..=3u64 {
+        for p in 0..pages {
+            write(base + p * PAGE_SIZE, round * 1_000_000 + p as u64);
+        }
+        wait_evicted(&pager, pager.stats().evicted_folios + 64);
+        let bad: Vec<usize> =
+            (0..pages).filter(|&p| bad_words(base + p * PAGE_SIZE, round * 1_000_000 + p as u64) > 0).collect();
+        assert!(bad.is_empty(), "round {round}: pages lost {:?}; {:?}", &bad[..bad.len().min(20)], pager.stats());
+    }
+    // SAFETY: the test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+}
+
+/// The program unmaps the end of a range just as it is adopted and maps it
+/// again (glibc trimming its brk heap and growing it back): the UNMAP the
+/// registration makes the kernel report must find the region, so the new
+/// mapping there is a hole of it, never moved out by eviction. (Registered
+/// before it was in the table, the region missed that UNMAP, eviction took
+/// the new pages from the unregistered mapping and no COPY could put them
+/// back: Python's collector read zeros.)
+#[test]
+fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
+    let _wd = watchdog("adopt-trim-race", 60);
+    let cfg = PagerConfig { inject_adopt_delay: Duration::from_millis(50), ..PagerConfig::with_limit(4 * MIB) };
+    let pager = Pager::new(cfg).unwrap();
+    let len = MIB;
+    let base = mmap(0, len);
+    let pages = len / PAGE_SIZE;
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    // The last 5 pages: unmapped while the adoption sleeps, mapped again
+    // and written.
+    let tail = base + len - 5 * PAGE_SIZE;
+    let trimmer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(15));
+        // SAFETY: the end of this test's mapping, no reference to it.
+        assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
+        assert_eq!(mmap(tail, 5 * PAGE_SIZE), tail);
+        for i in 0..5 {
+            write(tail + i * PAGE_SIZE, 1000 + i as u64);
+        }
+    });
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
+    trimmer.join().unwrap();
+    // Pressure: everything of the range goes out and comes back.
+    let (hot, hot_len) = (mmap(0, 8 * MIB), 8 * MIB);
+    assert_eq!(pager.adopt(hot as u64, hot_len).unwrap(), hot_len);
+    for round in 0..2 {
+        for p in 0..hot_len / PAGE_SIZE {
+            write(hot + p * PAGE_SIZE, round);
+        }
+        wait_evicted(&pager, pager.stats().evicted_folios + 64);
+    }
+    let bad: usize = (0..pages - 5).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum::<usize>()
+        + (0..5).map(|i| bad_words(tail + i * PAGE_SIZE, 1000 + i as u64)).sum::<usize>();
+    assert_eq!(bad, 0, "{:?}", pager.stats());
+    assert!(pager.stats().evicted_folios > 64, "{:?}", pager.stats());
+    // SAFETY: the test's mappings, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
+}

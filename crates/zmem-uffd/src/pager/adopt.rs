@@ -20,11 +20,12 @@
 //! - a tail shorter than a folio (regions are whole folios).
 //!
 //! Adopting `[a, b)` ([`Pager::adopt`]):
-//! 1. register it with the userfaultfd (MISSING, and WP with write
-//!    tracking); a mapping that changed meanwhile fails here and is left;
-//! 2. put an adopted region in the table, all folios `Never`; from here a
-//!    fault is served as in any region (a fault before is a stray one,
-//!    served a zero page, which is what it would read anyway);
+//! 1. put an adopted region in the table, all folios `Never`, unless a
+//!    region has part of the range;
+//! 2. register it with the userfaultfd (MISSING, and WP with write
+//!    tracking); a mapping that changed meanwhile fails here, and the
+//!    region leaves the table. In this order, every UNMAP the kernel
+//!    reports for the range finds the region;
 //! 3. read which pages are present (`/proc/self/pagemap`) and make their
 //!    folios Resident, under their stripe locks (a fault may have been
 //!    first).
@@ -187,7 +188,7 @@ impl Inner {
         if len == 0 || addr % PAGE_SIZE as u64 != 0 {
             return Ok(0);
         }
-        let st = self.new_region(addr, len, None)?;
+        let st = self.region_state(addr, len, None, None);
         let nf = len / fs;
         // Every event already read is in the table first: an mremap or a
         // munmap returns once its event is read, not handled, and a
@@ -209,6 +210,21 @@ impl Inner {
                 return Ok(0);
             }
             regions.insert((addr, st.id), Arc::clone(&st));
+        }
+        // Registered only once it is in the table: from the registration
+        // on, the kernel reports an UNMAP of the range, and the handler
+        // must find this region to record the hole. Registered first, an
+        // UNMAP read before the insert was lost: glibc trimmed the brk
+        // heap just after, grew it back (a mapping of its own, not
+        // registered), and eviction took the new page from there while
+        // no COPY could bring it back (Python then read zeros).
+        if let Err(e) = self.uffd.register(addr, len as u64, self.register_mode()) {
+            self.regions.write_ok().remove(&(addr, st.id));
+            self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+            return Err(e.into());
+        }
+        if !self.cfg.inject_adopt_delay.is_zero() {
+            std::thread::sleep(self.cfg.inject_adopt_delay);
         }
         inc(&self.counters.adopted_regions);
         log::debug!("adopted {addr:#x}..{:#x} as region {}", addr + len as u64, st.id);

@@ -75,6 +75,10 @@ pub struct PagerConfig {
     /// UNMAP must never slip through (`move_folio`). Zero in real use.
     #[doc(hidden)]
     pub inject_move_delay: Duration,
+    /// Fault injection for tests: adoption sleeps this long right after
+    /// registering a range, before it reads which pages are present.
+    #[doc(hidden)]
+    pub inject_adopt_delay: Duration,
 }
 
 /// Which of the program's mappings a scan adopts, and how often it looks.
@@ -114,6 +118,7 @@ impl PagerConfig {
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
             inject_move_delay: Duration::ZERO,
+            inject_adopt_delay: Duration::ZERO,
         }
     }
 }
