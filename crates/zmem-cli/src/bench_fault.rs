@@ -123,6 +123,8 @@ fn pager(args: &Args, limit: usize, folio: usize, tier: TierConfig) -> Result<Pa
     cfg.folio_size = folio;
     cfg.tier = tier;
     cfg.handler_threads = args.handlers;
+    // One fault's latency, alone: folios loaded ahead would not fault.
+    cfg.read_ahead = 0;
     cfg.track_writes = !args.no_track_writes;
     cfg.handler_spin = std::time::Duration::from_micros(args.spin_us);
     cfg.handler_cpus = match args.pin.as_str() {
@@ -140,6 +142,8 @@ fn refault(args: &Args, limit: usize, folio: usize, track_writes: bool) -> Resul
     cfg.folio_size = folio;
     cfg.track_writes = track_writes;
     cfg.handler_threads = args.handlers;
+    // One fault's latency, alone: folios loaded ahead would not fault.
+    cfg.read_ahead = 0;
     let p = Pager::new(cfg)?;
     let hot_len = limit / 10;
     let r = p.map(hot_len + 4 * limit)?;

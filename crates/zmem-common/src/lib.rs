@@ -25,6 +25,8 @@ pub mod defaults {
     pub const LOW_WATERMARK_PERCENT: u32 = 85;
     /// Folios per reclaim pass.
     pub const RECLAIM_BATCH: usize = 8;
+    /// The most folios a sequential fault loads ahead.
+    pub const READ_AHEAD_FOLIOS: usize = 8;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
     pub const THRESHOLD: usize = 256 << 10;
     /// Where `zmem run` puts its swap file: a disk directory.

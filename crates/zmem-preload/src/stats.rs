@@ -95,6 +95,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "dropped_page_faults": p.dropped_page_faults,
             "move_recounts": p.move_recounts,
             "fork_loads": p.fork_loads,
+            "readahead_folios": p.readahead_folios,
             "cow_breaks": p.cow_breaks,
             "shared_parks": p.shared_parks,
             "shared_bytes": p.shared_bytes,

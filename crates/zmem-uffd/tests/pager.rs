@@ -694,3 +694,34 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
         assert_eq!(check_page(&r, pg, if pg % 3 == 0 { 2 } else { 1 }), 0, "page {pg} after reclaim");
     }
 }
+
+/// A sequential read of an evicted region loads folios ahead of its
+/// faults (with headroom under the limit), every byte intact; with
+/// read-ahead off, every folio is a fault of its own.
+#[test]
+fn sequential_faults_load_folios_ahead_with_headroom() {
+    let _wd = watchdog("readahead", 60);
+    for window in [8, 0] {
+        let limit = 8 << 20;
+        let cfg = PagerConfig { read_ahead: window, ..PagerConfig::with_limit(limit) };
+        let p = Pager::new(cfg).unwrap();
+        let r = p.map(32 << 20).unwrap();
+        let pages = r.len() / PAGE_SIZE;
+        for pg in 0..pages {
+            write_page(&r, pg, 3);
+        }
+        // The first quarter, read back in order, fits under the limit.
+        p.reclaim_now();
+        let quarter = pages / 4;
+        let bad: usize = (0..quarter).map(|pg| check_page(&r, pg, 3)).sum();
+        let s = p.stats();
+        assert_eq!(bad, 0, "{s:?}");
+        if window > 0 {
+            assert!(s.readahead_folios > 0, "{s:?}");
+        } else {
+            assert_eq!(s.readahead_folios, 0, "{s:?}");
+        }
+        let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 3)).sum();
+        assert_eq!(bad, 0, "{:?}", p.stats());
+    }
+}

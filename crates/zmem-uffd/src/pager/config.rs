@@ -70,6 +70,9 @@ pub struct PagerConfig {
     /// keeps its usage within its share.
     pub tree: Option<std::path::PathBuf>,
     pub tier: TierConfig,
+    /// The most folios a sequential fault loads ahead (the window doubles
+    /// up to this); 0 turns read-ahead off.
+    pub read_ahead: usize,
     /// Fault injection for tests: reclaim sleeps this long between looking
     /// up a folio's holes and moving its pages, widening the window an
     /// UNMAP must never slip through (`move_folio`). Zero in real use.
@@ -117,6 +120,7 @@ impl PagerConfig {
             adopt: None,
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
+            read_ahead: defaults::READ_AHEAD_FOLIOS,
             inject_move_delay: Duration::ZERO,
             inject_adopt_delay: Duration::ZERO,
         }

@@ -13,6 +13,24 @@ use super::{Folio, Inner, RegionState};
 use crate::mapping::PAGE_SIZE;
 use crate::sys::{Event, UffdError};
 
+/// Read-ahead, per handler thread: a fault that loads the folio right
+/// after the last one this handler loaded (in the same region) loads the
+/// next `window` folios too, while the program works on the first: the
+/// COPY woke it, so the two run side by side. The window doubles with each
+/// sequential fault up to `PagerConfig::read_ahead` and starts again at 1 after a
+/// fault elsewhere. A folio is loaded ahead only with headroom under the
+/// high watermark, so read-ahead never makes reclaim run (the kernel's
+/// 64K swap-in thrashed near the limit without such a check), and only if
+/// its stripe lock is free and it is Evicted. Folios loaded ahead are not
+/// referenced: untouched, they are the first to go again.
+#[derive(Debug, Default)]
+pub(super) struct ReadAhead {
+    region: u32,
+    /// The folio a sequential fault would load next.
+    next: usize,
+    window: usize,
+}
+
 /// What became of a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Served {
@@ -35,6 +53,7 @@ impl Inner {
             }
         }
         let mut bounce = vec![0u8; self.cfg.folio_size];
+        let mut ra = ReadAhead::default();
         let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
         let spin = self.cfg.handler_spin;
         let mut last_event = Instant::now();
@@ -95,7 +114,7 @@ impl Inner {
             let mut i = 0;
             while i < pending.len() {
                 let (addr, write) = pending[i];
-                match self.fault(addr, write, &mut bounce) {
+                match self.fault(addr, write, &mut bounce, &mut ra) {
                     Served::Done => {
                         pending.remove(i);
                     }
@@ -107,7 +126,7 @@ impl Inner {
     }
 
     /// Serves a fault at `addr` (`write`: the access was a write).
-    fn fault(&self, addr: u64, write: bool, bounce: &mut [u8]) -> Served {
+    fn fault(&self, addr: u64, write: bool, bounce: &mut [u8], ra: &mut ReadAhead) -> Served {
         let fs = self.cfg.folio_size as u64;
         let Some(st) = self.region_at(addr) else {
             // Not a region (a staging page, or a region being torn down):
@@ -166,6 +185,11 @@ impl Inner {
                 if self.load_evicted(&st, f, bounce) == Served::Again {
                     return Served::Again;
                 }
+                inc(&self.counters.load_faults);
+                drop(g);
+                self.read_ahead(&st, f, bounce, ra);
+                self.throttle();
+                return Served::Done;
             }
             _ => {
                 // A page the program dropped from a resident folio.
@@ -221,8 +245,37 @@ impl Inner {
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
         self.invalidate_folio(st, f);
         self.became_resident(st, f);
-        inc(&self.counters.load_faults);
         Served::Done
+    }
+
+    /// After a fault loaded folio `f` of `st`: see [`ReadAhead`].
+    fn read_ahead(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8], ra: &mut ReadAhead) {
+        if self.cfg.read_ahead == 0 {
+            return;
+        }
+        if ra.region != st.id || ra.next != f {
+            *ra = ReadAhead { region: st.id, next: f + 1, window: 0 };
+            return;
+        }
+        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead);
+        let end = (f + 1 + ra.window).min(st.state.len());
+        let mut g = f + 1;
+        while g < end {
+            if self.usage() + self.cfg.folio_size > self.high() {
+                break;
+            }
+            let (lock, _) = self.stripe(st, g);
+            let Ok(guard) = lock.try_lock() else { break };
+            if st.folio(g) == Folio::Evicted {
+                if self.load_evicted(st, g, bounce) == Served::Again {
+                    break;
+                }
+                inc(&self.counters.readahead_folios);
+            }
+            drop(guard);
+            g += 1;
+        }
+        ra.next = g;
     }
 
     /// COPYs a folio, stepping over pages that are still mapped (EEXIST),

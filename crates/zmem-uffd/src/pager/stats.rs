@@ -45,6 +45,8 @@ pub struct PagerStats {
     pub move_recounts: u64,
     /// Folios loaded back before a fork, so that the child's copy is whole.
     pub fork_loads: u64,
+    /// Folios loaded ahead of sequential faults (`fault.rs`, `ReadAhead`).
+    pub readahead_folios: u64,
     /// Folios that could not move because a forked child shares their
     /// pages, given their own copy (`MADV_POPULATE_WRITE`) to move later.
     pub cow_breaks: u64,
@@ -95,6 +97,7 @@ pub(super) struct Counters {
     pub(super) poisoned_pages: AtomicU64,
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
+    pub(super) readahead_folios: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
     pub(super) shared_parks: AtomicU64,
     pub(super) mapping_scans: AtomicU64,
@@ -121,6 +124,7 @@ impl Pager {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PagerStats {
             zero_faults: r(&c.zero_faults),
+            readahead_folios: r(&c.readahead_folios),
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
