@@ -128,6 +128,37 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
     }
 }
 
+/// The kernel's mapping that covers `addr`, as `(start, end)`; `None`
+/// where nothing is mapped there.
+///
+/// # Errors
+/// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
+pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut q =
+        ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
+    // SAFETY: as in query_all, with no name and no build id asked for.
+    match unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) } {
+        Ok(()) => Ok(Some((q.vma_start, q.vma_end))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(Errno::NOTTY | Errno::INVAL) => {
+            let text = std::fs::read_to_string("/proc/self/maps").map_err(|_| Errno::IO)?;
+            for line in text.lines() {
+                let Some((a, b)) = line.split_ascii_whitespace().next().and_then(|r| r.split_once('-')) else {
+                    continue;
+                };
+                let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else { continue };
+                if a <= addr && addr < b {
+                    return Ok(Some((a, b)));
+                }
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The end of the writable mapping at or after `at`, asked without its name.
 fn next_after(fd: &OwnedFd, at: u64) -> Result<u64, Errno> {
     let mut q = ProcmapQuery {

@@ -480,3 +480,46 @@ fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
 }
+
+/// A range adopted as one mapping after the program unmapped its end (the
+/// scan listed it before glibc trimmed its brk heap): UFFDIO_REGISTER steps
+/// over the gap without an error, and the program then maps the end again
+/// (unregistered: it cannot merge with the registered part) and writes
+/// there. That end must stay the program's alone: evicting it would MOVE
+/// its pages out where no COPY can bring them back.
+#[test]
+fn a_range_whose_end_went_before_it_was_registered_is_managed_only_where_it_is_mapped() {
+    let _wd = watchdog("adopt-gap", 60);
+    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let len = MIB;
+    let base = mmap(0, len);
+    let pages = len / PAGE_SIZE;
+    for p in 0..pages {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    let tail = base + len - 5 * PAGE_SIZE;
+    // SAFETY: the end of this test's mapping, no reference to it.
+    assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
+    let adopted = pager.adopt(base as u64, len).unwrap();
+    assert_eq!(adopted, len, "registering over the gap succeeds; the region keeps its length");
+    assert_eq!(pager.stats().adoption_cuts, 1, "{:?}", pager.stats());
+    assert_eq!(mmap(tail, 5 * PAGE_SIZE), tail);
+    for i in 0..5 {
+        write(tail + i * PAGE_SIZE, 1000 + i as u64);
+    }
+    let (hot, hot_len) = (mmap(0, 8 * MIB), 8 * MIB);
+    assert_eq!(pager.adopt(hot as u64, hot_len).unwrap(), hot_len);
+    for round in 0..2 {
+        for p in 0..hot_len / PAGE_SIZE {
+            write(hot + p * PAGE_SIZE, round);
+        }
+        wait_evicted(&pager, pager.stats().evicted_folios + 64);
+    }
+    let bad: usize = (0..pages - 5).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum::<usize>()
+        + (0..5).map(|i| bad_words(tail + i * PAGE_SIZE, 1000 + i as u64)).sum::<usize>();
+    assert_eq!(bad, 0, "{:?}", pager.stats());
+    // SAFETY: the test's mappings, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
+}

@@ -223,6 +223,35 @@ impl Inner {
             self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
             return Err(e.into());
         }
+        // UFFDIO_REGISTER steps over gaps without a word. A range listed as
+        // one mapping may have lost its end meanwhile (glibc trimmed its
+        // brk heap: no UNMAP, since it was not registered yet) and got it
+        // back as a mapping of its own (not registered: it cannot merge
+        // with ours). From the first boundary inside the range, the range
+        // is a hole of the region and is unregistered: eviction must never
+        // MOVE pages out of memory no COPY can put them back into (it did,
+        // and Python read zeros).
+        let end = addr + len as u64;
+        let cut = match vmas::covering(addr) {
+            Ok(Some((s, e))) if s <= addr => e.min(end),
+            Ok(_) => addr,
+            Err(e) => {
+                log::warn!("checking the mapping at {addr:#x} after registering it failed: {e}");
+                addr
+            }
+        };
+        if cut < end {
+            inc(&self.counters.adoption_cuts);
+            log::debug!("{addr:#x}..{end:#x} changed while adopted: not managed from {cut:#x}");
+            let _ = self.uffd.unregister(cut, end - cut);
+            st.add_hole((cut - addr) as usize, len);
+            if cut - addr < fs as u64 {
+                self.regions.write_ok().remove(&(addr, st.id));
+                self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+                let _ = self.uffd.unregister(addr, cut - addr);
+                return Ok(0);
+            }
+        }
         if !self.cfg.inject_adopt_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_adopt_delay);
         }

@@ -47,6 +47,9 @@ pub struct PagerStats {
     pub fork_loads: u64,
     /// Folios loaded ahead of sequential faults (`fault.rs`, `ReadAhead`).
     pub readahead_folios: u64,
+    /// Adoptions whose range changed between the scan and the
+    /// registration: the changed part was left unmanaged (`adopt_range`).
+    pub adoption_cuts: u64,
     /// Folios that could not move because a forked child shares their
     /// pages, given their own copy (`MADV_POPULATE_WRITE`) to move later.
     pub cow_breaks: u64,
@@ -98,6 +101,7 @@ pub(super) struct Counters {
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) readahead_folios: AtomicU64,
+    pub(super) adoption_cuts: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
     pub(super) shared_parks: AtomicU64,
     pub(super) mapping_scans: AtomicU64,
@@ -124,6 +128,7 @@ impl Pager {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PagerStats {
             zero_faults: r(&c.zero_faults),
+            adoption_cuts: r(&c.adoption_cuts),
             readahead_folios: r(&c.readahead_folios),
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
