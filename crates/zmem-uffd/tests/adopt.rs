@@ -402,34 +402,6 @@ fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
     assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
 }
 
-/// Folios across two of the kernel's mappings, the boundary at page 11
-/// (a brk heap's VMAs need not meet at folio boundaries), written, evicted
-/// and read back round after round, every word checked.
-#[test]
-fn folios_across_mapping_boundaries_keep_every_page_through_many_evictions() {
-    let _wd = watchdog("adopt-straddle", 120);
-    let len = 8 * MIB;
-    let (pager, base, pages) = adopted_and_written(len);
-    // Split the kernel's mapping at page 11 of every other folio.
-    for f in (0..pages / 16).step_by(2) {
-        let at = base + (f * 16 + 11) * PAGE_SIZE;
-        // SAFETY: part of this test's mapping; DONTFORK changes only what a
-        // child would inherit, and splits the kernel's mapping there.
-        assert_eq!(unsafe { libc::madvise(at as *mut _, 16 * PAGE_SIZE, libc::MADV_DONTFORK) }, 0);
-    }
-    for round in 1..=3u64 {
-        for p in 0..pages {
-            write(base + p * PAGE_SIZE, round * 1_000_000 + p as u64);
-        }
-        wait_evicted(&pager, pager.stats().evicted_folios + 64);
-        let bad: Vec<usize> =
-            (0..pages).filter(|&p| bad_words(base + p * PAGE_SIZE, round * 1_000_000 + p as u64) > 0).collect();
-        assert!(bad.is_empty(), "round {round}: pages lost {:?}; {:?}", &bad[..bad.len().min(20)], pager.stats());
-    }
-    // SAFETY: the test's mapping, no longer used.
-    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
-}
-
 /// The program unmaps the end of a range just as it is adopted and maps it
 /// again (glibc trimming its brk heap and growing it back): the UNMAP the
 /// registration makes the kernel report must find the region, so the new
@@ -462,23 +434,7 @@ fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
     });
     assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
     trimmer.join().unwrap();
-    // Pressure: everything of the range goes out and comes back.
-    let (hot, hot_len) = (mmap(0, 8 * MIB), 8 * MIB);
-    assert_eq!(pager.adopt(hot as u64, hot_len).unwrap(), hot_len);
-    for round in 0..2 {
-        for p in 0..hot_len / PAGE_SIZE {
-            write(hot + p * PAGE_SIZE, round);
-        }
-        wait_evicted(&pager, pager.stats().evicted_folios + 64);
-    }
-    let bad: usize = (0..pages - 5).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum::<usize>()
-        + (0..5).map(|i| bad_words(tail + i * PAGE_SIZE, 1000 + i as u64)).sum::<usize>();
-    assert_eq!(bad, 0, "{:?}", pager.stats());
-    assert!(pager.stats().evicted_folios > 64, "{:?}", pager.stats());
-    // SAFETY: the test's mappings, no longer used.
-    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::munmap(hot as *mut _, hot_len) }, 0);
+    press_and_check_trimmed(&pager, base, len);
 }
 
 /// A range adopted as one mapping after the program unmapped its end (the
@@ -507,17 +463,26 @@ fn a_range_whose_end_went_before_it_was_registered_is_managed_only_where_it_is_m
     for i in 0..5 {
         write(tail + i * PAGE_SIZE, 1000 + i as u64);
     }
+    press_and_check_trimmed(&pager, base, len);
+}
+
+/// Evicts everything of `[base, base + len)` under an 8 MiB region written
+/// twice, then checks it: page `p` tagged `p`, but the last 5 pages (mapped
+/// again by the test) tagged `1000 + i`. Unmaps both.
+fn press_and_check_trimmed(pager: &Pager, base: usize, len: usize) {
+    let (pages, tail) = (len / PAGE_SIZE, base + len - 5 * PAGE_SIZE);
     let (hot, hot_len) = (mmap(0, 8 * MIB), 8 * MIB);
     assert_eq!(pager.adopt(hot as u64, hot_len).unwrap(), hot_len);
     for round in 0..2 {
         for p in 0..hot_len / PAGE_SIZE {
             write(hot + p * PAGE_SIZE, round);
         }
-        wait_evicted(&pager, pager.stats().evicted_folios + 64);
+        wait_evicted(pager, pager.stats().evicted_folios + 64);
     }
     let bad: usize = (0..pages - 5).map(|p| bad_words(base + p * PAGE_SIZE, p as u64)).sum::<usize>()
         + (0..5).map(|i| bad_words(tail + i * PAGE_SIZE, 1000 + i as u64)).sum::<usize>();
     assert_eq!(bad, 0, "{:?}", pager.stats());
+    assert!(pager.stats().evicted_folios > 64, "{:?}", pager.stats());
     // SAFETY: the test's mappings, no longer used.
     assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
     // SAFETY: as above.
