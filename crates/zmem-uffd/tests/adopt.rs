@@ -414,23 +414,14 @@ fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
     let _wd = watchdog("adopt-trim-race", 60);
     let cfg = PagerConfig { inject_adopt_delay: Duration::from_millis(50), ..PagerConfig::with_limit(4 * MIB) };
     let pager = Pager::new(cfg).unwrap();
-    let len = MIB;
-    let base = mmap(0, len);
-    let pages = len / PAGE_SIZE;
-    for p in 0..pages {
-        write(base + p * PAGE_SIZE, p as u64);
-    }
+    let (len, base, tail) = trimmable_mapping();
     // The last 5 pages: unmapped while the adoption sleeps, mapped again
     // and written.
-    let tail = base + len - 5 * PAGE_SIZE;
     let trimmer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(15));
         // SAFETY: the end of this test's mapping, no reference to it.
         assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
-        assert_eq!(mmap(tail, 5 * PAGE_SIZE), tail);
-        for i in 0..5 {
-            write(tail + i * PAGE_SIZE, 1000 + i as u64);
-        }
+        map_tail_again(tail);
     });
     assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
     trimmer.join().unwrap();
@@ -447,23 +438,33 @@ fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
 fn a_range_whose_end_went_before_it_was_registered_is_managed_only_where_it_is_mapped() {
     let _wd = watchdog("adopt-gap", 60);
     let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
-    let len = MIB;
-    let base = mmap(0, len);
-    let pages = len / PAGE_SIZE;
-    for p in 0..pages {
-        write(base + p * PAGE_SIZE, p as u64);
-    }
-    let tail = base + len - 5 * PAGE_SIZE;
+    let (len, base, tail) = trimmable_mapping();
     // SAFETY: the end of this test's mapping, no reference to it.
     assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
     let adopted = pager.adopt(base as u64, len).unwrap();
     assert_eq!(adopted, len, "registering over the gap succeeds; the region keeps its length");
     assert_eq!(pager.stats().adoption_cuts, 1, "{:?}", pager.stats());
+    map_tail_again(tail);
+    press_and_check_trimmed(&pager, base, len);
+}
+
+/// A fresh 1 MiB mapping, page `p` written with tag `p`: (len, base, the
+/// address of its last 5 pages).
+fn trimmable_mapping() -> (usize, usize, usize) {
+    let len = MIB;
+    let base = mmap(0, len);
+    for p in 0..len / PAGE_SIZE {
+        write(base + p * PAGE_SIZE, p as u64);
+    }
+    (len, base, base + len - 5 * PAGE_SIZE)
+}
+
+/// Maps the 5 pages at `tail` again (unmapped before) and writes them.
+fn map_tail_again(tail: usize) {
     assert_eq!(mmap(tail, 5 * PAGE_SIZE), tail);
     for i in 0..5 {
         write(tail + i * PAGE_SIZE, 1000 + i as u64);
     }
-    press_and_check_trimmed(&pager, base, len);
 }
 
 /// Evicts everything of `[base, base + len)` under an 8 MiB region written
