@@ -304,6 +304,11 @@ fn run_one(
         zswpin,
         rejects,
         written_back_pages: w.iter().map(|r| r.written_back_pages).sum(),
+        writeback_bytes_per_page: {
+            let (bytes, pages): (u64, u64) =
+                (w.iter().map(|r| r.swap_written_bytes).sum(), w.iter().map(|r| r.written_back_pages).sum());
+            (pages > 0).then(|| bytes as f64 / pages as f64)
+        },
         pool_ratio,
         mismatched_pages: done.iter().map(|r| r.mismatched_pages).sum(),
     })

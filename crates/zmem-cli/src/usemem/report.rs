@@ -24,6 +24,9 @@ pub(super) struct RunReport {
     pub(super) zswpin: u64,
     pub(super) rejects: u64,
     pub(super) written_back_pages: u64,
+    /// Swap-file bytes written per page written back, at the end of writing
+    /// (4096 would be raw writeback).
+    pub(super) writeback_bytes_per_page: Option<f64>,
     /// Uncompressed bytes in the pool over pool bytes, at the end of writing.
     pub(super) pool_ratio: Option<f64>,
     pub(super) mismatched_pages: u64,

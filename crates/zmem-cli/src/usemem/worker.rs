@@ -29,6 +29,9 @@ pub struct WorkerReport {
     pub(super) same_filled_pages: u64,
     pub(super) pool_total_size: u64,
     pub(super) written_back_pages: u64,
+    /// Bytes written to the swap file for them (compressed writeback packs
+    /// several pages per 4 KiB slot).
+    pub(super) swap_written_bytes: u64,
     /// The worker's peak RSS (VmHWM): its pages, its pool, its metadata.
     pub(super) peak_rss_bytes: u64,
     /// zmem workers: the most of their swap file seen in the page cache.
@@ -124,6 +127,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         rep.same_filled_pages = s.same_filled_pages;
         rep.pool_total_size = s.pool_total_size;
         rep.written_back_pages = s.written_back_pages;
+        rep.swap_written_bytes = s.swap_written_bytes;
         rep.rejects = s.reject_compress_poor + s.reject_compress_fail + s.reject_alloc_fail + s.reject_reclaim_fail;
         rep.swap_page_cache_bytes = p.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
     }
