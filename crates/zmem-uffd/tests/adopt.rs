@@ -445,7 +445,18 @@ fn a_range_whose_end_went_before_it_was_registered_is_managed_only_where_it_is_m
     assert_eq!(adopted, len, "registering over the gap succeeds; the region keeps its length");
     assert_eq!(pager.stats().adoption_cuts, 1, "{:?}", pager.stats());
     map_tail_again(tail);
+    // Less than a folio left mapped: nothing is adopted, the little there
+    // is stays the program's and reads back.
+    let small = mmap(0, 16 * PAGE_SIZE);
+    write(small, 7);
+    // SAFETY: the end of this test's mapping, no reference to it.
+    assert_eq!(unsafe { libc::munmap((small + 3 * PAGE_SIZE) as *mut _, 13 * PAGE_SIZE) }, 0);
+    assert_eq!(pager.adopt(small as u64, 16 * PAGE_SIZE).unwrap(), 0);
+    assert_eq!(pager.stats().adoption_cuts, 2, "{:?}", pager.stats());
     press_and_check_trimmed(&pager, base, len);
+    assert_eq!(bad_words(small, 7), 0);
+    // SAFETY: what is left of that mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(small as *mut _, 3 * PAGE_SIZE) }, 0);
 }
 
 /// A fresh 1 MiB mapping, page `p` written with tag `p`: (len, base, the

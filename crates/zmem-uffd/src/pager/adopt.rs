@@ -246,9 +246,12 @@ impl Inner {
             let _ = self.uffd.unregister(cut, end - cut);
             st.add_hole((cut - addr) as usize, len);
             if cut - addr < fs as u64 {
-                self.regions.write_ok().remove(&(addr, st.id));
-                self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+                // Retired, not just taken out of the table: a fault since
+                // the registration may have made a folio Resident and put
+                // it on the lists, and reclaim must not move it out of
+                // memory that is no longer registered.
                 let _ = self.uffd.unregister(addr, cut - addr);
+                self.retire(&st);
                 return Ok(0);
             }
         }

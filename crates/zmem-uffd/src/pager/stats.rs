@@ -58,7 +58,8 @@ pub struct PagerStats {
     /// Mappings the program made that the pager adopted, and their bytes.
     pub adopted_regions: u64,
     pub adopted_bytes: u64,
-    /// Adopted regions forgotten because the program unmapped all of them.
+    /// Adopted regions forgotten because the program unmapped all of them
+    /// (or changed their mapping while they were being adopted).
     pub retired_regions: u64,
     /// Regions split off by an mremap that moved part of a region: the
     /// moved part, managed at its new address with its entries.
