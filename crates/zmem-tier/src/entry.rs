@@ -30,12 +30,18 @@ pub enum Stored {
 ///   (meaningful where [`Entry::holds_pool`]).
 /// - `referenced`: set on store and on a non-exclusive load; the shrinker
 ///   clears it and gives the entry a second trip round the LRU.
+/// - `cached`: the page is mapped again, and this pool entry was kept as
+///   its clean copy ([`Tier::retain_clean`](crate::Tier::retain_clean)), as
+///   the kernel's swap cache keeps a page's slot. If the page is still the
+///   same when it is evicted again, the store keeps the entry and compresses
+///   nothing; the shrinker frees a cached entry instead of writing it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub id: u64,
     pub pool: u32,
     pub stored: Stored,
     pub referenced: bool,
+    pub cached: bool,
 }
 
 impl Entry {

@@ -70,6 +70,13 @@ pub use zmem_compress::CodecSpec;
 use stats::{dec, Counters};
 use tree::{Shard, Tree};
 
+/// The tree's memory for `entries` entries, `cached` of them cached: a
+/// hash-map slot is its pair plus about a control byte, and a cached entry
+/// may have a page hash beside it.
+fn tree_bytes(entries: usize, cached: usize) -> usize {
+    entries * (std::mem::size_of::<(u64, Entry)>() + 8) + cached * (std::mem::size_of::<(u64, (u64, u128))>() + 8)
+}
+
 /// The largest folio one store takes (2 MiB).
 pub const MAX_FOLIO_PAGES: usize = 512;
 
@@ -79,6 +86,9 @@ pub struct Tier {
     cfg: TierConfig,
     tree: Tree<Arc<Pool>>,
     lru: lru::Lru,
+    /// Cached entries (`retain_clean`) in the order they were kept: the
+    /// shrinker frees these first, oldest first, as they cost no I/O.
+    clean: lru::Lru,
     current: RwLock<Arc<Pool>>,
     pools: Mutex<Vec<Weak<Pool>>>,
     next_pool_id: AtomicU32,
@@ -137,6 +147,7 @@ impl Tier {
             next_pool_id: AtomicU32::new(1),
             tree: Tree::default(),
             lru: lru::Lru::default(),
+            clean: lru::Lru::default(),
             group_pages,
             mempool,
             swap,
@@ -207,10 +218,13 @@ impl Tier {
     }
 
     /// A cheap estimate of the memory the tier's entries take: a tree entry
-    /// per page in the pool or same-filled (written-back entries and the
-    /// pools' own metadata are counted by [`TierStats::memory_bytes`]).
+    /// per page stored (in the pool, same-filled or in the swap file), and
+    /// the page hashes of cached entries (the pools' own metadata is
+    /// counted by [`TierStats::memory_bytes`]).
     pub fn entry_metadata_bytes(&self) -> usize {
-        self.counters.stored_pages.load(Ordering::Relaxed) as usize * (std::mem::size_of::<Entry>() + 16)
+        let c = &self.counters;
+        let entries = c.stored_pages.load(Ordering::Relaxed) + c.swap_pages.load(Ordering::Relaxed);
+        tree_bytes(entries as usize, c.cached_pages.load(Ordering::Relaxed) as usize)
     }
 
     pub(crate) fn writeback_enabled(&self) -> bool {
@@ -221,6 +235,9 @@ impl Tier {
     /// gauges. Returns a pool to drop once the shard lock is released.
     pub(crate) fn release(&self, shard: &mut Shard<Arc<Pool>>, e: Entry) -> Option<Arc<Pool>> {
         let c = &self.counters;
+        if e.cached {
+            dec(&c.cached_pages, 1);
+        }
         match e.stored {
             Stored::SameFilled(_) => {
                 dec(&c.stored_pages, 1);
@@ -272,7 +289,7 @@ impl Tier {
         let pools = self.live_pools();
         let pool_meta: usize = pools.iter().map(|p| p.zs.metadata_bytes()).sum();
         let entries: usize = (0..tree::SHARDS).map(|i| self.tree.lock_shard(i).len()).sum();
-        let tree_bytes = entries * (std::mem::size_of::<Entry>() + 16);
+        let tree_bytes = tree_bytes(entries, c.cached_pages.load(Ordering::Relaxed) as usize);
         let swap_meta = self.swap.as_ref().map_or(0, SwapFile::metadata_bytes);
         TierStats {
             stored_pages: r(&c.stored_pages),
@@ -287,6 +304,9 @@ impl Tier {
             reject_reclaim_fail: r(&c.reject_reclaim_fail),
             decompress_fail: r(&c.decompress_fail),
             zswpout: r(&c.zswpout),
+            cached_pages: r(&c.cached_pages),
+            cached_reused: r(&c.cached_reused),
+            cached_dropped: r(&c.cached_dropped),
             zswpin: r(&c.zswpin),
             zswpwb: r(&c.written_back_pages),
             swap_pages: r(&c.swap_pages),

@@ -294,6 +294,112 @@ impl Tier {
         }
     }
 
+    /// The page under `key` was loaded and is mapped again as `page`,
+    /// unchanged (a non-exclusive load): its entry stays as its clean copy,
+    /// `cached` (see [`Entry`]), and is reused if the page is evicted
+    /// unchanged. A pool entry is compared byte for byte then; one in the
+    /// swap file (which costs no memory, only its share of a slot) by a
+    /// 128-bit hash of the page taken now, so that no read is needed. A
+    /// same-filled marker (free to make again) is dropped. Returns whether
+    /// the entry was kept.
+    pub fn retain_clean(&self, key: u64, page: &[u8]) -> bool {
+        let mut shard = self.tree.lock(key);
+        match shard.get_mut(key) {
+            Some(e) if matches!(e.stored, Stored::Swap { .. }) => {
+                let fresh = !e.cached;
+                e.cached = true;
+                let id = e.id;
+                shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
+                drop(shard);
+                if fresh {
+                    inc(&self.counters.cached_pages, 1);
+                    self.clean.push([(key, id)]);
+                    self.tidy_clean();
+                }
+                true
+            }
+            Some(e) if e.in_pool() => {
+                if !e.cached {
+                    e.cached = true;
+                    // A second trip round the LRU from now, as a store.
+                    e.referenced = true;
+                    let id = e.id;
+                    inc(&self.counters.cached_pages, 1);
+                    drop(shard);
+                    self.clean.push([(key, id)]);
+                    self.tidy_clean();
+                }
+                true
+            }
+            Some(_) => {
+                let e = shard.remove(key).expect("looked up under the same lock");
+                let dropped = self.release(&mut shard, e);
+                drop(shard);
+                drop(dropped);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Keeps the clean list within twice the cached entries (items of
+    /// entries reused or dropped stay behind until popped).
+    fn tidy_clean(&self) {
+        let len = self.clean.len();
+        let cached = self.counters.cached_pages.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        if len > 4096 && len > 2 * cached {
+            self.clean.rebuild(|k, id| self.tree.lock(k).get(k).is_some_and(|e| e.id == id && e.cached));
+        }
+    }
+
+    /// Frees cached entries, oldest first, until the pool is at most
+    /// `target` bytes or none is left. Returns how many went. No I/O: each
+    /// is a clean copy of a page that is mapped. (With a target of 0 it
+    /// frees them all, the swap file's too: a full swap file does that.)
+    pub(crate) fn drop_clean(&self, target: usize) -> usize {
+        let mut done = 0;
+        while self.pool_total_size() > target {
+            let items = self.clean.pop_cold(64);
+            if items.is_empty() {
+                break;
+            }
+            for (k, id) in items {
+                let mut shard = self.tree.lock(k);
+                if !shard.get(k).is_some_and(|e| e.id == id && e.cached) {
+                    continue;
+                }
+                let e = shard.remove(k).expect("looked up under the same lock");
+                let dropped = self.release(&mut shard, e);
+                drop(shard);
+                drop(dropped);
+                done += 1;
+            }
+            if done > 0 && target > 0 && self.pool_total_size() > target {
+                self.compact();
+            }
+        }
+        if done > 0 && target == 0 {
+            self.compact();
+        }
+        inc(&self.counters.cached_dropped, done as u64);
+        done
+    }
+
+    /// Drops the entry under `key` if it is a cached clean copy (the page
+    /// was written since it was loaded). Returns whether it did.
+    pub fn drop_cached(&self, key: u64) -> bool {
+        let mut shard = self.tree.lock(key);
+        if !shard.get(key).is_some_and(|e| e.cached) {
+            return false;
+        }
+        let e = shard.remove(key).expect("looked up under the same lock");
+        inc(&self.counters.cached_dropped, 1);
+        let dropped = self.release(&mut shard, e);
+        drop(shard);
+        drop(dropped);
+        true
+    }
+
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
         let mut shard = self.tree.lock(key);

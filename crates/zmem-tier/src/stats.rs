@@ -22,6 +22,9 @@ pub(crate) struct Counters {
     pub decompress_fail: AtomicU64,
     pub zswpout: AtomicU64,
     pub zswpin: AtomicU64,
+    pub cached_pages: AtomicU64,
+    pub cached_reused: AtomicU64,
+    pub cached_dropped: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64, n: u64) {
@@ -61,6 +64,15 @@ pub struct TierStats {
     /// Bytes written to the swap file, for `written_back_pages` pages:
     /// compressed writeback packs several pages per slot.
     pub swap_written_bytes: u64,
+    /// Pool entries kept as the clean copy of a page that is mapped again
+    /// (`Tier::retain_clean`).
+    pub cached_pages: u64,
+    /// Pages stored again by keeping their cached entry: unchanged since
+    /// they were loaded, so nothing was compressed.
+    pub cached_reused: u64,
+    /// Cached entries freed: by the shrinker (instead of writing them back)
+    /// or because the page was written.
+    pub cached_dropped: u64,
     /// Pools alive: the current one and old ones that still hold entries.
     pub pools: u64,
     /// Every resident byte the tier holds: the mempool (pool pages, free and
@@ -86,6 +98,9 @@ const HELP: &[(&str, &str, &str)] = &[
     ("swap_pages", "gauge", "Pages in the swap file"),
     ("swap_slots", "gauge", "4 KiB slots of the swap file in use"),
     ("swap_written_bytes", "counter", "Bytes written to the swap file"),
+    ("cached_pages", "gauge", "Pool entries kept as the clean copy of a page mapped again"),
+    ("cached_reused", "counter", "Pages stored again unchanged: their cached entry was kept, nothing compressed"),
+    ("cached_dropped", "counter", "Cached entries freed by the shrinker or because the page was written"),
     ("pools", "gauge", "Pools alive"),
     ("memory_bytes", "gauge", "Resident bytes held by the tier"),
 ];

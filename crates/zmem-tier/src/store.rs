@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use zmem_compress::CompressError;
 use zmem_zsmalloc::PAGE_SIZE;
 
-use crate::stats::inc;
+use crate::stats::{dec, inc};
 use crate::{Entry, Pool, Stored, Tier, TierError, MAX_FOLIO_PAGES};
 
 /// Why a store was rejected (each has its counter).
@@ -70,7 +70,15 @@ impl Tier {
             return true;
         }
         // There is no kswapd here: the store that finds the pool full runs
-        // the shrinker itself, down to the accept threshold.
+        // the shrinker itself, down to the accept threshold: clean copies
+        // first (no I/O), then writeback.
+        if !self.writeback_enabled() && self.counters.cached_pages.load(Ordering::Relaxed) > 0 {
+            self.drop_clean(self.accept_bytes);
+            if self.pool_total_size() <= self.accept_bytes {
+                self.full.store(false, Ordering::Relaxed);
+                return true;
+            }
+        }
         if self.writeback_enabled() {
             self.shrinker().shrink_to(self.accept_bytes);
             if self.pool_total_size() <= self.accept_bytes {
@@ -89,23 +97,45 @@ impl Tier {
     /// [`TierError::BadFolio`] (nothing changes); [`TierError::Compress`] if
     /// the batch call itself is refused (a bug).
     pub fn store(&self, key: u64, folio: &[u8]) -> Result<StoreOutcome, TierError> {
+        self.store_folio(key, folio, false)
+    }
+
+    /// [`store`](Self::store) for a folio that was loaded and kept its
+    /// entries as clean copies ([`retain_clean`](Self::retain_clean)): a
+    /// page equal to its cached entry keeps that entry, and is neither
+    /// compressed nor allocated again (`cached_reused`). Equality is checked
+    /// on the bytes (the entry is decompressed and compared), so a page
+    /// written since its load, however the caller tracks writes, is simply
+    /// compressed anew.
+    ///
+    /// # Errors
+    /// As [`store`](Self::store).
+    pub fn store_reusing(&self, key: u64, folio: &[u8]) -> Result<StoreOutcome, TierError> {
+        self.store_folio(key, folio, true)
+    }
+
+    fn store_folio(&self, key: u64, folio: &[u8], reuse: bool) -> Result<StoreOutcome, TierError> {
         let n = folio.len() / PAGE_SIZE;
         if folio.is_empty() || folio.len() % PAGE_SIZE != 0 || n > MAX_FOLIO_PAGES {
             return Err(TierError::BadFolio { len: folio.len() });
         }
-        if !self.may_store() {
-            return Ok(self.reject(key, n, RejectReason::PoolLimit));
-        }
-        let pool = self.current();
         let mut stored: Vec<Option<Stored>> = vec![None; n];
         let pages: Vec<&[u8]> = folio.chunks_exact(PAGE_SIZE).collect();
         let mut todo = Vec::with_capacity(n);
+        // Pages whose cached entry was kept (they are stored already).
+        let mut reused = vec![false; n];
         for (i, p) in pages.iter().enumerate() {
             match same_filled(p) {
                 Some(v) => stored[i] = Some(Stored::SameFilled(v)),
+                None if reuse && self.reuse_cached(key.wrapping_add(i as u64), p) => reused[i] = true,
                 None => todo.push(i),
             }
         }
+        let nreused = reused.iter().filter(|&&r| r).count();
+        if nreused < n && !self.may_store() {
+            return Ok(self.reject(key, n, RejectReason::PoolLimit));
+        }
+        let pool = self.current();
         if let Err(reason) = self.compress_into_pool(&pool, &pages, &todo, &mut stored) {
             for s in stored.iter().flatten() {
                 if let Stored::Pool { handle, .. } = s {
@@ -119,8 +149,11 @@ impl Tier {
         let mut lru_items = Vec::with_capacity(todo.len());
         let (mut same, mut raw) = (0, 0);
         for (i, s) in stored.into_iter().enumerate() {
+            if reused[i] {
+                continue;
+            }
             let s = s.expect("every page was stored");
-            let e = Entry { id: first_id + i as u64, pool: pool.id, stored: s, referenced: true };
+            let e = Entry { id: first_id + i as u64, pool: pool.id, stored: s, referenced: true, cached: false };
             let k = key.wrapping_add(i as u64);
             match s {
                 Stored::SameFilled(_) => same += 1,
@@ -138,10 +171,11 @@ impl Tier {
         }
         self.lru.push(lru_items);
         let c = &self.counters;
-        inc(&c.stored_pages, n as u64);
+        inc(&c.stored_pages, (n - nreused) as u64);
         inc(&c.same_filled_pages, same as u64);
         inc(&c.stored_incompressible_pages, raw as u64);
-        inc(&c.zswpout, n as u64);
+        inc(&c.zswpout, (n - nreused) as u64);
+        inc(&c.cached_reused, nreused as u64);
         Ok(StoreOutcome::Stored { same_filled: same, incompressible: raw })
     }
 
@@ -190,6 +224,37 @@ impl Tier {
             }
             Ok(())
         })
+    }
+
+    /// Whether `key` holds a cached entry whose page equals `page`; if so
+    /// the entry is the page's stored copy from now on (no longer cached).
+    /// The object is expanded and compared under the shard lock, so the
+    /// shrinker cannot free it in between.
+    fn reuse_cached(&self, key: u64, page: &[u8]) -> bool {
+        thread_local!(static EXPANDED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
+        let mut shard = self.tree.lock(key);
+        let Some(e) = shard.get(key).copied().filter(|e| e.cached) else { return false };
+        let same = match e.stored {
+            Stored::Pool { .. } => {
+                let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
+                EXPANDED.with(|x| {
+                    let mut x = x.borrow_mut();
+                    x.resize(PAGE_SIZE, 0);
+                    Self::load_from_pool(pool, key, &e, &mut x).is_ok() && x[..] == *page
+                })
+            }
+            Stored::Swap { .. } => shard.sum(key) == Some(xxhash_rust::xxh3::xxh3_128(page)),
+            Stored::SameFilled(_) => false,
+        };
+        if !same {
+            return false;
+        }
+        shard.clear_sum(key);
+        let e = shard.get_mut(key).expect("looked up under the same lock");
+        e.cached = false;
+        e.referenced = true;
+        dec(&self.counters.cached_pages, 1);
+        true
     }
 
     fn reject(&self, key: u64, n: usize, reason: RejectReason) -> StoreOutcome {

@@ -30,11 +30,15 @@ struct PoolRef<P> {
 pub struct Shard<P> {
     entries: HashMap<u64, Entry>,
     pools: Vec<PoolRef<P>>,
+    /// For cached entries in the swap file: (entry id, a 128-bit hash of
+    /// the page), so that a clean page is recognised without reading it
+    /// back. Goes with its entry.
+    sums: HashMap<u64, (u64, u128)>,
 }
 
 impl<P> Default for Shard<P> {
     fn default() -> Self {
-        Shard { entries: HashMap::new(), pools: Vec::new() }
+        Shard { entries: HashMap::new(), pools: Vec::new(), sums: HashMap::new() }
     }
 }
 
@@ -45,6 +49,27 @@ impl<P: Clone> Shard<P> {
 
     pub fn get_mut(&mut self, key: u64) -> Option<&mut Entry> {
         self.entries.get_mut(&key)
+    }
+
+    /// Records the page hash of the cached entry under `key`.
+    pub fn set_sum(&mut self, key: u64, sum: u128) {
+        if let Some(e) = self.entries.get(&key) {
+            self.sums.insert(key, (e.id, sum));
+        }
+    }
+
+    /// The page hash recorded for the entry under `key`, if it is that
+    /// entry's.
+    pub fn sum(&self, key: u64) -> Option<u128> {
+        let e = self.entries.get(&key)?;
+        self.sums.get(&key).filter(|(id, _)| *id == e.id).map(|&(_, s)| s)
+    }
+
+    /// Forgets the page hash under `key`.
+    pub fn clear_sum(&mut self, key: u64) {
+        if !self.sums.is_empty() {
+            self.sums.remove(&key);
+        }
     }
 
     /// The pool with id `id`, which an entry of this shard lives in.
@@ -74,12 +99,14 @@ impl<P: Clone> Shard<P> {
         if entry.holds_pool() {
             self.get_ref(entry.pool, pool);
         }
+        self.clear_sum(key);
         self.entries.insert(key, entry)
     }
 
     /// Removes and returns the entry under `key`; release it with
     /// [`Shard::release`].
     pub fn remove(&mut self, key: u64) -> Option<Entry> {
+        self.clear_sum(key);
         self.entries.remove(&key)
     }
 

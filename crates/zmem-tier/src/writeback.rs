@@ -10,7 +10,8 @@ use crate::{Stored, Tier};
 
 impl Tier {
     /// Writes back up to `nr` of the coldest pool entries now, whatever the
-    /// pool's size (`memory.reclaim source=zswap`). Returns how many went.
+    /// pool's size (`memory.reclaim source=zswap`). Returns how many left
+    /// the pool: written back, or freed for being cached clean copies.
     pub fn writeback(&self, nr: usize) -> usize {
         let mut scratch = self.shrink_lock.lock_ok();
         // Every entry may need two visits (the first clears `referenced`).
@@ -21,7 +22,7 @@ impl Tier {
             if pass.failed || pass.scanned == 0 {
                 break;
             }
-            done += pass.written;
+            done += pass.written + pass.dropped;
             scanned += pass.scanned;
         }
         done
@@ -54,6 +55,17 @@ impl Tier {
                 let Some(e) = shard.get_mut(key) else { continue };
                 if e.id != id || !e.in_pool() {
                     continue; // a stale LRU item
+                }
+                if e.cached {
+                    // A clean copy of a page that is mapped: free, not
+                    // written (the page is stored again when evicted).
+                    let e = shard.remove(key).expect("looked up under the same lock");
+                    let dropped = self.release(&mut shard, e);
+                    drop(shard);
+                    drop(dropped);
+                    inc(&self.counters.cached_dropped, 1);
+                    pass.dropped += 1;
+                    continue;
                 }
                 if e.referenced {
                     // Second chance, as shrink_memcg_cb gives.
@@ -92,6 +104,9 @@ impl Tier {
                 // ENOSPC, EIO, no bounce pages: the entries stay in the pool.
                 inc(&self.counters.reject_reclaim_fail, victims.len() as u64);
                 self.lru.push_cold(&victims);
+                // Slots that cached entries keep are worth more to the
+                // next writeback than the compressions they may save.
+                self.drop_clean(0);
                 pass.failed = true;
                 return pass;
             }
@@ -138,6 +153,8 @@ struct Pass {
     /// LRU items looked at (written, rotated, or stale).
     scanned: usize,
     written: usize,
+    /// Cached entries freed rather than written.
+    dropped: usize,
     /// The swap file refused the batch (ENOSPC, EIO): stop for now.
     failed: bool,
 }

@@ -29,7 +29,13 @@ struct Freed {
 }
 
 fn entry(id: u64, h: u64) -> Entry {
-    Entry { id, pool: 0, stored: Stored::Pool { handle: Handle::from_raw(h), len: 100 }, referenced: false }
+    Entry {
+        id,
+        pool: 0,
+        stored: Stored::Pool { handle: Handle::from_raw(h), len: 100 },
+        referenced: false,
+        cached: false,
+    }
 }
 
 fn free_obj(f: &Freed, e: &Entry) {

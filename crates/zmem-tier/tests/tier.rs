@@ -493,3 +493,194 @@ fn load_many_matches_load_and_reads_the_swap_file_in_runs() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
 }
+
+/// A page loaded and kept (`retain_clean`) is stored again without
+/// compressing if its bytes are unchanged, from the pool (compared byte for
+/// byte) or the swap file (by its hash); a changed page is compressed anew,
+/// and each loads back as its latest bytes.
+#[test]
+fn kept_entries_are_reused_only_for_unchanged_pages() {
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(64 << 20, true) }).unwrap();
+    let n = 64u64;
+    t.store(0, &(0..n).flat_map(|k| corpus().page(k as usize).to_vec()).collect::<Vec<u8>>()).unwrap();
+    // Half of them go to the swap file.
+    assert_eq!(t.writeback(32), 32);
+    let mut pages: Vec<Vec<u8>> = (0..n).map(|k| load(&t, k).unwrap()).collect();
+    for (k, p) in pages.iter().enumerate() {
+        assert!(t.retain_clean(k as u64, p), "key {k}");
+    }
+    let s = t.stats();
+    assert_eq!(s.cached_pages, n, "{s:?}");
+    let (out, swapped) = (s.zswpout, s.swap_pages);
+    assert!(swapped > 0, "{s:?}");
+    // Every third page changes, by one byte.
+    for (k, p) in pages.iter_mut().enumerate().filter(|(k, _)| k % 3 == 0) {
+        p[k * 7 % PAGE_SIZE] ^= 0x5a;
+    }
+    let folio: Vec<u8> = pages.concat();
+    assert!(matches!(t.store_reusing(0, &folio).unwrap(), StoreOutcome::Stored { .. }));
+    let s = t.stats();
+    let changed = n.div_ceil(3);
+    assert_eq!(s.cached_reused, n - changed, "{s:?}");
+    assert_eq!(s.zswpout - out, changed, "{s:?}");
+    assert_eq!(s.cached_pages, 0, "{s:?}");
+    for k in 0..n {
+        assert!(load(&t, k).unwrap() == pages[k as usize], "key {k}");
+    }
+    // A plain store never reuses: a kept entry is replaced.
+    assert!(t.retain_clean(5, &pages[5]));
+    t.store(5, &pages[5]).unwrap();
+    assert_eq!(t.stats().cached_reused, n - changed);
+    // A kept entry whose page was written is dropped by drop_cached, and
+    // only a kept one.
+    assert!(t.retain_clean(6, &pages[6]));
+    assert!(t.drop_cached(6) && t.lookup(6).is_none());
+    assert!(!t.drop_cached(7) && t.lookup(7).is_some());
+    for k in 0..n {
+        t.invalidate(k);
+    }
+    let s = t.stats();
+    assert_eq!((s.stored_pages, s.swap_pages, s.cached_pages), (0, 0, 0), "{s:?}");
+}
+
+/// Without writeback, kept entries are what a full pool frees first, so
+/// stores go on being accepted.
+#[test]
+fn a_full_pool_without_writeback_frees_kept_entries_to_store() {
+    let limit = 64 * PAGE_SIZE;
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(limit, false) }).unwrap();
+    let mut k = 0u64;
+    while matches!(t.store(k, corpus().page(k as usize)).unwrap(), StoreOutcome::Stored { .. }) {
+        k += 1;
+    }
+    let full = k;
+    assert!(full > 8, "{:?}", t.stats());
+    for k in 0..full {
+        let p = load(&t, k).unwrap();
+        assert!(t.retain_clean(k, &p));
+    }
+    // Other pages fit now: the kept entries make room.
+    for j in 0..full / 2 {
+        let key = 1 << 20 | j;
+        assert!(
+            matches!(t.store(key, corpus().page((full + j) as usize)).unwrap(), StoreOutcome::Stored { .. }),
+            "{:?}",
+            t.stats()
+        );
+    }
+    let s = t.stats();
+    assert!(s.cached_dropped > 0, "{s:?}");
+    for j in 0..full / 2 {
+        assert!(load(&t, 1 << 20 | j).unwrap() == corpus().page((full + j) as usize));
+    }
+}
+
+#[derive(Debug, Clone)]
+enum KeepOp {
+    /// Store pages at `key`; with `reuse`, through `store_reusing`, where
+    /// `same` pages keep the bytes they had (if the model knows them).
+    Store {
+        key: u64,
+        kinds: Vec<(u8, u64, bool)>,
+        reuse: bool,
+    },
+    /// Load (non-exclusive) and keep as a clean copy.
+    Keep(u64),
+    DropCached(u64),
+    Invalidate(u64),
+    Writeback(usize),
+}
+
+fn keep_op() -> impl Strategy<Value = KeepOp> {
+    prop_oneof![
+        5 => (0u64..48, prop::collection::vec((any::<u8>(), any::<u64>(), any::<bool>()), 1..6), any::<bool>())
+            .prop_map(|(key, kinds, reuse)| KeepOp::Store { key, kinds, reuse }),
+        5 => (0u64..52).prop_map(KeepOp::Keep),
+        1 => (0u64..52).prop_map(KeepOp::DropCached),
+        1 => (0u64..52).prop_map(KeepOp::Invalidate),
+        1 => (1usize..40).prop_map(KeepOp::Writeback),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Kept entries, reused or not, never give back anything but the bytes
+    /// last stored or kept; the shrinker may free a kept entry, never
+    /// another.
+    #[test]
+    fn kept_entries_load_as_the_bytes_last_stored(ops in prop::collection::vec(keep_op(), 1..120), writeback: bool, limit_pages in 8usize..64) {
+        let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(limit_pages * PAGE_SIZE, writeback) }).unwrap();
+        // key -> (bytes, kept)
+        let mut model: HashMap<u64, (Vec<u8>, bool)> = HashMap::new();
+        for op in ops {
+            match op {
+                KeepOp::Store { key, kinds, reuse } => {
+                    let pages: Vec<Vec<u8>> = kinds
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(k, s, same))| match model.get(&(key + i as u64)) {
+                            Some((p, _)) if same => p.clone(),
+                            _ => page(k, s),
+                        })
+                        .collect();
+                    let folio = pages.concat();
+                    let r = if reuse { t.store_reusing(key, &folio) } else { t.store(key, &folio) };
+                    match r.unwrap() {
+                        StoreOutcome::Stored { .. } => {
+                            for (i, p) in pages.into_iter().enumerate() {
+                                model.insert(key + i as u64, (p, false));
+                            }
+                        }
+                        StoreOutcome::Rejected(_) => {
+                            for i in 0..pages.len() as u64 {
+                                model.remove(&(key + i));
+                                prop_assert!(t.lookup(key + i).is_none());
+                            }
+                        }
+                    }
+                }
+                KeepOp::Keep(key) => match model.get(&key).cloned() {
+                    Some((p, false)) => {
+                        prop_assert!(load(&t, key).as_ref() == Some(&p), "key {}", key);
+                        if t.retain_clean(key, &p) {
+                            model.insert(key, (p, true));
+                        } else {
+                            model.remove(&key);
+                        }
+                    }
+                    Some((_, true)) => {}
+                    None => prop_assert!(load(&t, key).is_none(), "key {}", key),
+                },
+                KeepOp::DropCached(key) => {
+                    let dropped = t.drop_cached(key);
+                    if dropped {
+                        prop_assert!(model.get(&key).is_some_and(|(_, kept)| *kept));
+                    }
+                    if model.get(&key).is_some_and(|(_, kept)| *kept) {
+                        model.remove(&key);
+                    }
+                }
+                KeepOp::Invalidate(key) => {
+                    let had = t.invalidate(key);
+                    if let Some((_, kept)) = model.remove(&key) {
+                        prop_assert!(had || kept, "key {}", key);
+                    }
+                }
+                KeepOp::Writeback(n) => { t.writeback(n); }
+            }
+            // Kept entries the shrinker freed leave the model.
+            model.retain(|&k, (_, kept)| !*kept || t.lookup(k).is_some());
+            for (&k, _) in model.iter().filter(|(_, (_, kept))| !*kept) {
+                prop_assert!(t.lookup(k).is_some(), "key {} lost", k);
+            }
+        }
+        for (k, (want, _)) in model {
+            prop_assert!(load(&t, k).as_ref() == Some(&want), "key {}", k);
+            t.invalidate(k);
+        }
+        let s = t.stats();
+        prop_assert_eq!((s.stored_pages, s.swap_pages, s.cached_pages, s.pool_total_size), (0, 0, 0, 0), "{:?}", s);
+        prop_assert_eq!(s.decompress_fail, 0);
+    }
+}

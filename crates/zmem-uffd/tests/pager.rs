@@ -725,3 +725,58 @@ fn sequential_faults_load_folios_ahead_with_headroom() {
         assert_eq!(bad, 0, "{:?}", p.stats());
     }
 }
+
+#[test]
+fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
+    let _wd = watchdog("cached", 120);
+    let limit = 8 << 20;
+    let p = Pager::new(PagerConfig { read_ahead: 0, ..PagerConfig::with_limit(limit) }).unwrap();
+    let r = p.map(24 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 5);
+    }
+    // Reading everything twice evicts, in the second pass, folios the
+    // first pass loaded and only read: their kept entries are reused.
+    for _ in 0..2 {
+        let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 5)).sum();
+        assert_eq!(bad, 0, "{:?}", p.tier().stats());
+    }
+    let t = p.tier().stats();
+    assert!(t.cached_reused > 0, "{t:?}");
+    let out = t.zswpout;
+    // Pages written after their load are stored anew, with their new bytes;
+    // the pages beside them that were only read keep their old ones.
+    for pg in (0..pages).step_by(3) {
+        write_page(&r, pg, 6);
+    }
+    for _ in 0..2 {
+        let bad: usize = (0..pages).map(|pg| check_page(&r, pg, if pg % 3 == 0 { 6 } else { 5 })).sum();
+        assert_eq!(bad, 0, "{:?}", p.tier().stats());
+    }
+    let t = p.tier().stats();
+    assert!(t.zswpout > out, "{t:?}");
+    // A page dropped from a loaded folio reads as zeros, never as the
+    // entry that was kept for it.
+    let s = p.stats();
+    assert!(s.evicted_folios > 0, "{s:?}");
+    let pg = 7;
+    // SAFETY: the range is our region's, reached only through atomics.
+    unsafe {
+        rustix::mm::madvise(
+            (r.addr() as usize + pg * PAGE_SIZE) as *mut _,
+            PAGE_SIZE,
+            rustix::mm::Advice::LinuxDontNeed,
+        )
+    }
+    .unwrap();
+    assert_eq!(r.words()[pg * WORDS].load(Ordering::Relaxed), 0);
+    p.reclaim_now();
+    let bad: usize = (0..pages).filter(|&q| q != pg).map(|q| check_page(&r, q, if q % 3 == 0 { 6 } else { 5 })).sum();
+    assert_eq!(bad, 0, "{:?}", p.tier().stats());
+    assert!((0..WORDS).all(|i| r.words()[pg * WORDS + i].load(Ordering::Relaxed) == 0));
+    // No entry outlives the region, kept ones included.
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages, t.cached_pages), (0, 0, 0), "entries leaked: {t:?}");
+}

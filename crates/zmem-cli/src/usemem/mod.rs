@@ -302,6 +302,7 @@ fn run_one(
         user_secs: done.iter().map(|r| r.user_secs).sum(),
         zswpout,
         zswpin,
+        cached_reused: done.iter().map(|r| r.cached_reused).sum(),
         rejects,
         written_back_pages: w.iter().map(|r| r.written_back_pages).sum(),
         writeback_bytes_per_page: {

@@ -20,8 +20,12 @@ pub(super) struct RunReport {
     pub(super) avg_kbps_per_worker: f64,
     pub(super) sys_secs: f64,
     pub(super) user_secs: f64,
+    /// Pages stored and loaded over the whole run.
     pub(super) zswpout: u64,
     pub(super) zswpin: u64,
+    /// zmem: pages evicted again unchanged since their load, whose kept
+    /// entry was reused (not compressed, not counted in zswpout).
+    pub(super) cached_reused: u64,
     pub(super) rejects: u64,
     pub(super) written_back_pages: u64,
     /// Swap-file bytes written per page written back, at the end of writing

@@ -21,9 +21,11 @@ pub struct WorkerReport {
     pub(super) mismatched_pages: u64,
     pub(super) sys_secs: f64,
     pub(super) user_secs: f64,
-    /// zmem workers only: their tier's counters at the end of writing.
+    /// zmem workers only: their tier's counters at the end of writing
+    /// (`zswpout`, `zswpin` and `cached_reused`: at the end of the run).
     pub(super) zswpout: u64,
     pub(super) zswpin: u64,
+    pub(super) cached_reused: u64,
     pub(super) rejects: u64,
     pub(super) stored_pages: u64,
     pub(super) same_filled_pages: u64,
@@ -151,7 +153,8 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     rep.mismatched_pages = bad;
     (rep.user_secs, rep.sys_secs) = cpu_secs();
     if let Some(p) = pager.as_ref() {
-        rep.zswpin = p.tier().stats().zswpin;
+        let s = p.tier().stats();
+        (rep.zswpout, rep.zswpin, rep.cached_reused) = (s.zswpout, s.zswpin, s.cached_reused);
         let cached = p.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
         rep.swap_page_cache_bytes = rep.swap_page_cache_bytes.max(cached);
     }

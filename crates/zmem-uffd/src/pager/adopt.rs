@@ -44,6 +44,7 @@ use zmem_common::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
 
 use super::fault::Served;
+use super::region::FOLIO_TABLE_BYTES;
 use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
 use crate::mapping::PAGE_SIZE;
@@ -205,7 +206,7 @@ impl Inner {
                 r.mapped_parts().iter().any(|&(a, b)| base + (a as u64) < addr + len as u64 && base + b as u64 > addr)
             });
             if taken {
-                self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+                self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
                 log::debug!("not adopting {addr:#x}+{len:#x}: a region has part of it");
                 return Ok(0);
             }
@@ -220,7 +221,7 @@ impl Inner {
         // no COPY could bring it back (Python then read zeros).
         if let Err(e) = self.uffd.register(addr, len as u64, self.register_mode()) {
             self.regions.write_ok().remove(&(addr, st.id));
-            self.tables.fetch_sub(nf * 3, Ordering::Relaxed);
+            self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
             return Err(e.into());
         }
         // UFFDIO_REGISTER steps over gaps without a word. A range listed as
@@ -302,6 +303,9 @@ impl Inner {
                 Folio::Resident => {
                     st.set_folio(f, Folio::Never);
                     self.resident.fetch_sub(1, Ordering::Relaxed);
+                    if st.cached[f].swap(false, Ordering::Relaxed) {
+                        self.invalidate_folio(st, f);
+                    }
                 }
                 Folio::Evicted => {
                     st.set_folio(f, Folio::Never);
@@ -310,7 +314,7 @@ impl Inner {
                 _ => {}
             }
         }
-        self.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
+        self.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
         log::debug!("retired region {} at {base:#x}", st.id);
         inc(&self.counters.retired_regions);
     }
@@ -344,7 +348,7 @@ impl Inner {
                 if st.folio(f) != Folio::Evicted {
                     break;
                 }
-                let r = self.load_evicted(st, f, bounce);
+                let r = self.load_evicted(st, f, bounce, false);
                 drop(g);
                 if r != Served::Again {
                     if fork {

@@ -84,6 +84,9 @@ impl Inner {
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
             // A whole folio dropped is as if never touched; a resident folio
             // partly dropped stays resident (its dropped pages fault to zero).
+            if whole {
+                st.cached[f].store(false, Ordering::Relaxed);
+            }
             if whole && st.swap_folio(f, Folio::Never) == Folio::Resident {
                 self.resident.fetch_sub(1, Ordering::Relaxed);
             }
@@ -173,8 +176,12 @@ impl Inner {
                 Folio::Resident => {
                     new.set_folio(j, Folio::Resident);
                     self.resident.fetch_add(1, Ordering::Relaxed);
+                    // Entries kept as clean copies serve the moved pages
+                    // under the same keys.
+                    new.cached[j].store(st.cached[f].load(Ordering::Relaxed), Ordering::Relaxed);
                     if whole {
                         st.set_folio(f, Folio::Never);
+                        st.cached[f].store(false, Ordering::Relaxed);
                         self.resident.fetch_sub(1, Ordering::Relaxed);
                     }
                 }

@@ -182,7 +182,7 @@ impl Inner {
                 inc(&self.counters.zero_faults);
             }
             Folio::Evicted => {
-                if self.load_evicted(&st, f, bounce) == Served::Again {
+                if self.load_evicted(&st, f, bounce, true) == Served::Again {
                     return Served::Again;
                 }
                 inc(&self.counters.load_faults);
@@ -213,7 +213,12 @@ impl Inner {
     /// holds its stripe lock): its pages from the tier in one call, then
     /// COPY; a page that fails to load is poisoned. On `Again` nothing is
     /// lost: the entries stay in the tier until a COPY succeeds.
-    pub(super) fn load_evicted(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8]) -> Served {
+    ///
+    /// With `keep`, a folio that loaded whole keeps its pool entries as
+    /// clean copies (`Tier::retain_clean`): evicted again unchanged, it is
+    /// stored without compressing (as the kernel drops a clean swap-cache
+    /// page without writing it).
+    pub(super) fn load_evicted(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8], keep: bool) -> Served {
         let folio_addr = st.start.load(Ordering::Acquire) + (f * bounce.len()) as u64;
         bounce.fill(0);
         let ppf = bounce.len() / PAGE_SIZE;
@@ -243,7 +248,11 @@ impl Inner {
         }
         let nbad = bad.iter().filter(|&&b| b).count() as u64;
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
-        self.invalidate_folio(st, f);
+        if keep && nbad == 0 {
+            self.retain_folio(st, f, bounce);
+        } else {
+            self.invalidate_folio(st, f);
+        }
         self.became_resident(st, f);
         Served::Done
     }
@@ -267,7 +276,7 @@ impl Inner {
             let (lock, _) = self.stripe(st, g);
             let Ok(guard) = lock.try_lock() else { break };
             if st.folio(g) == Folio::Evicted {
-                if self.load_evicted(st, g, bounce) == Served::Again {
+                if self.load_evicted(st, g, bounce, true) == Served::Again {
                     break;
                 }
                 inc(&self.counters.readahead_folios);

@@ -9,6 +9,7 @@ use zmem_common::LockExt;
 
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
+use crate::mapping::PAGE_SIZE;
 use crate::pagemap::WriteTracker;
 use crate::sys::UffdError;
 
@@ -141,6 +142,9 @@ impl Inner {
         let live = |(st, f): &(Arc<RegionState>, usize)| {
             st.folio(*f) == Folio::Resident && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
         };
+        // Folios written since a load kept their entries: those entries are
+        // stale now, and are dropped once the list's lock is let go.
+        let mut dirtied = Vec::new();
         let look = |item: &(Arc<RegionState>, usize)| {
             if !live(item) {
                 return Look::Gone;
@@ -148,6 +152,9 @@ impl Inner {
             let (st, f) = item;
             let referenced = st.referenced[*f].swap(false, Ordering::Relaxed);
             let written = tracker.as_deref_mut().is_some_and(|t| self.written_since_last_pass(t, st, *f));
+            if written && st.cached[*f].swap(false, Ordering::Relaxed) {
+                dirtied.push((Arc::clone(st), *f));
+            }
             if referenced || written {
                 Look::Accessed
             } else {
@@ -158,7 +165,17 @@ impl Inner {
             self.lru_len.fetch_sub(1, Ordering::Relaxed);
             st.queued[*f].store(false, Ordering::Release);
         };
-        self.lru.lock_ok().isolate(self.cfg.reclaim_batch, look, live, left)
+        let victims = self.lru.lock_ok().isolate(self.cfg.reclaim_batch, look, live, left);
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        for (st, f) in dirtied {
+            // Only cached entries go: a store under the same key (an
+            // eviction since) is never touched.
+            let holes = st.holes_in(f * ppf, ppf);
+            for p in (0..ppf).filter(|&p| !holes.as_ref().is_some_and(|h| h[p])) {
+                self.tier.drop_cached(st.key(f * ppf + p));
+            }
+        }
+        victims
     }
 }
 

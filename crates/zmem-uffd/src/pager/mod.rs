@@ -31,7 +31,10 @@
 //! - A fault on an Evicted folio loads all of it (fault-around) into a
 //!   bounce buffer and maps it with `UFFDIO_COPY`. A page that fails to load
 //!   is poisoned (`UFFDIO_POISON`: SIGBUS on touch), never handed over as
-//!   zeros or garbage.
+//!   zeros or garbage. A folio that loaded whole keeps its entries as
+//!   clean copies (`Tier::retain_clean`), and its next eviction stores
+//!   only the pages that changed (`Tier::store_reusing`; ARCHITECTURE.md,
+//!   "Kept entries").
 //! - A folio the tier rejects (pool full without writeback, a codec error)
 //!   keeps its pages uncompressed (`held`) and is Evicted all the same: only
 //!   the handler maps pages, in event order, so a page the program dropped
@@ -461,6 +464,24 @@ impl Inner {
                 self.tier.invalidate(st.key(p));
             }
         }
+        self.unhold(st, f);
+    }
+
+    /// [`invalidate_folio`](Self::invalidate_folio) for a folio just
+    /// mapped again whole: its pool entries stay as clean copies
+    /// (`Tier::retain_clean`), every other entry goes. Same locking.
+    /// `pages` is what was mapped.
+    pub(super) fn retain_folio(&self, st: &RegionState, f: usize, pages: &[u8]) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let holes = st.holes_in(f * ppf, ppf);
+        let mut kept = false;
+        for p in f * ppf..(f + 1) * ppf {
+            if !holes.as_ref().is_some_and(|h| h[p - f * ppf]) {
+                let i = p - f * ppf;
+                kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+            }
+        }
+        st.cached[f].store(kept, Ordering::Relaxed);
         self.unhold(st, f);
     }
 

@@ -211,9 +211,27 @@ impl Inner {
             // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
             let run_data = |p: usize, n: usize| staging.run(slot, p, n);
+            // Pages that did not move lose any entry a load kept (a page
+            // gone without an event, as MADV_FREE lets the kernel do, must
+            // not come back as its old bytes). In a folio loaded with its
+            // entries kept, the pages that moved keep theirs where the
+            // bytes are unchanged (`store_reusing` compares them).
+            let reuse = st.cached[*f].swap(false, Ordering::Relaxed);
+            if present.contains(&false) {
+                let holes = st.holes_in(f * ppf, ppf);
+                for p in (0..ppf).filter(|&p| !present[p] && !holes.as_ref().is_some_and(|h| h[p])) {
+                    self.tier.invalidate(st.key(f * ppf + p));
+                }
+            }
             let mut ok = true;
             for &(p, n) in &runs {
-                match self.tier.store(st.key(f * ppf + p), run_data(p, n)) {
+                let key = st.key(f * ppf + p);
+                let r = if reuse {
+                    self.tier.store_reusing(key, run_data(p, n))
+                } else {
+                    self.tier.store(key, run_data(p, n))
+                };
+                match r {
                     Ok(StoreOutcome::Stored { .. }) => {}
                     _ => ok = false,
                 }

@@ -40,7 +40,14 @@ pub(super) struct RegionState {
     /// The folio has an entry in the CLOCK queue (at most one, so the hand
     /// passes each folio once per sweep).
     pub(super) queued: Box<[AtomicBool]>,
+    /// The folio was loaded and its pages' pool entries kept as clean
+    /// copies (`Tier::retain_clean`): its next eviction stores with
+    /// `store_reusing`. A hint only: the tier compares the bytes.
+    pub(super) cached: Box<[AtomicBool]>,
 }
+
+/// Bytes of folio table per folio: state, referenced, queued, cached.
+pub(super) const FOLIO_TABLE_BYTES: usize = 4;
 
 impl RegionState {
     /// The tier key of page `page` of this region.
@@ -265,11 +272,11 @@ impl Drop for Region {
             if old == Folio::Resident {
                 inner.resident.fetch_sub(1, Ordering::Relaxed);
             }
-            if old == Folio::Evicted {
+            if old == Folio::Evicted || st.cached[f].swap(false, Ordering::Relaxed) {
                 inner.invalidate_folio(st, f);
             }
         }
-        inner.tables.fetch_sub(st.state.len() * 3, Ordering::Relaxed);
+        inner.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock_ok().take() {
@@ -311,7 +318,7 @@ impl Inner {
         key_base: Option<u64>,
     ) -> Arc<RegionState> {
         let nf = len / self.cfg.folio_size;
-        self.tables.fetch_add(nf * 3, Ordering::Relaxed);
+        self.tables.fetch_add(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
         let id = self.next_region.fetch_add(1, Ordering::Relaxed);
         Arc::new(RegionState {
             id,
@@ -326,6 +333,7 @@ impl Inner {
             state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            cached: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 }
