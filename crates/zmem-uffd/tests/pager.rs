@@ -492,6 +492,14 @@ fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
         })
         .expect("a page of the folio outside the corrupt slot");
     assert_eq!(check_page(&r, other, 5), 0, "page {other}");
+    // Everything else is written and evicted again: the folio with the
+    // poisoned page must stay as it is (a poison marker does not move;
+    // evicted and loaded again, the page would read as zeros).
+    for q in (0..pages).filter(|q| q / ppf != folio / ppf) {
+        write_page(&r, q, 6);
+    }
+    p.reclaim_now();
+    assert!(p.stats().evicted_folios > 0);
     println!("touching the corrupt page {pg}");
     // ...and the corrupt one is SIGBUS, never the wrong bytes.
     let w = r.words()[pg * WORDS].load(Ordering::Relaxed);

@@ -86,6 +86,7 @@ impl Inner {
             // partly dropped stays resident (its dropped pages fault to zero).
             if whole {
                 st.cached[f].store(false, Ordering::Relaxed);
+                st.poisoned[f].store(false, Ordering::Relaxed);
             }
             if whole && st.swap_folio(f, Folio::Never) == Folio::Resident {
                 self.resident.fetch_sub(1, Ordering::Relaxed);
@@ -179,6 +180,7 @@ impl Inner {
                     // Entries kept as clean copies serve the moved pages
                     // under the same keys.
                     new.cached[j].store(st.cached[f].load(Ordering::Relaxed), Ordering::Relaxed);
+                    new.poisoned[j].store(st.poisoned[f].load(Ordering::Relaxed), Ordering::Relaxed);
                     if whole {
                         st.set_folio(f, Folio::Never);
                         st.cached[f].store(false, Ordering::Relaxed);

@@ -253,6 +253,9 @@ impl Inner {
         } else {
             self.invalidate_folio(st, f);
         }
+        if nbad > 0 {
+            st.poisoned[f].store(true, Ordering::Relaxed);
+        }
         self.became_resident(st, f);
         Served::Done
     }

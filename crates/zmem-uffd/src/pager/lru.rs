@@ -140,7 +140,9 @@ impl Inner {
     /// protected again).
     pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
         let live = |(st, f): &(Arc<RegionState>, usize)| {
-            st.folio(*f) == Folio::Resident && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
+            st.folio(*f) == Folio::Resident
+                && !st.poisoned[*f].load(Ordering::Relaxed)
+                && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
         };
         // Folios written since a load kept their entries: those entries are
         // stale now, and are dropped once the list's lock is let go.

@@ -44,10 +44,16 @@ pub(super) struct RegionState {
     /// copies (`Tier::retain_clean`): its next eviction stores with
     /// `store_reusing`. A hint only: the tier compares the bytes.
     pub(super) cached: Box<[AtomicBool]>,
+    /// Some page of the folio is poisoned (it failed to load). The folio is
+    /// never evicted again: a poison marker does not move, and the folio
+    /// would come back with zeros there. It leaves the lists until the
+    /// program drops it whole.
+    pub(super) poisoned: Box<[AtomicBool]>,
 }
 
-/// Bytes of folio table per folio: state, referenced, queued, cached.
-pub(super) const FOLIO_TABLE_BYTES: usize = 4;
+/// Bytes of folio table per folio: state, referenced, queued, cached,
+/// poisoned.
+pub(super) const FOLIO_TABLE_BYTES: usize = 5;
 
 impl RegionState {
     /// The tier key of page `page` of this region.
@@ -334,6 +340,7 @@ impl Inner {
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             cached: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            poisoned: (0..nf).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 }
