@@ -654,6 +654,12 @@ impl SwapFile {
             .collect()
     }
 
+    /// Whether more than half of `max_bytes` is in use: the kernel's
+    /// `vm_swap_full()`, past which a page swapped in gives up its slot.
+    pub fn half_full(&self) -> bool {
+        u64::from(self.lock().map.inuse()) * PAGE_SIZE as u64 * 2 > self.max_bytes
+    }
+
     pub fn stats(&self) -> SwapStats {
         let g = self.lock();
         SwapStats {

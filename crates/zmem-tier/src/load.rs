@@ -300,12 +300,18 @@ impl Tier {
     /// unchanged. A pool entry is compared byte for byte then; one in the
     /// swap file (which costs no memory, only its share of a slot) by a
     /// 128-bit hash of the page taken now, so that no read is needed. A
-    /// same-filled marker (free to make again) is dropped. Returns whether
+    /// same-filled marker (free to make again) is dropped, and so is a
+    /// written-back entry once the swap file is half full. Returns whether
     /// the entry was kept.
     pub fn retain_clean(&self, key: u64, page: &[u8]) -> bool {
         let mut shard = self.tree.lock(key);
         match shard.get_mut(key) {
-            Some(e) if matches!(e.stored, Stored::Swap { .. }) => {
+            // Past half the swap file, slots are worth more than the
+            // compressions a kept entry may save (do_swap_page frees the
+            // slot when vm_swap_full()).
+            Some(e)
+                if matches!(e.stored, Stored::Swap { .. }) && !self.swap.as_ref().is_some_and(|s| s.half_full()) =>
+            {
                 let fresh = !e.cached;
                 e.cached = true;
                 let id = e.id;

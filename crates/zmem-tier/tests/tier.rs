@@ -684,3 +684,28 @@ proptest! {
         prop_assert_eq!(s.decompress_fail, 0);
     }
 }
+
+/// Past half of the swap file's size, a loaded page gives up its slot
+/// rather than keep it (the kernel's `vm_swap_full()`).
+#[test]
+fn a_half_full_swap_file_keeps_no_entries() {
+    let swap = zmem_swapfile::SwapFileConfig { max_bytes: 64 * PAGE_SIZE as u64, ..Default::default() };
+    let t = Tier::new(TierConfig { exclusive_loads: false, swap: Some(swap), ..cfg(64 << 20, true) }).unwrap();
+    // Random pages: one per slot, so that 40 pages take 40 of 64 slots.
+    for k in 0..40u64 {
+        t.store(k, &random_page(k)).unwrap();
+    }
+    assert_eq!(t.writeback(40), 40);
+    assert!(t.swap_file().unwrap().half_full(), "{:?}", t.stats());
+    let p = load(&t, 3).unwrap();
+    assert!(!t.retain_clean(3, &p));
+    assert!(t.lookup(3).is_none());
+    // Below half, it is kept.
+    for k in 4..30u64 {
+        t.invalidate(k);
+    }
+    assert!(!t.swap_file().unwrap().half_full());
+    let p = load(&t, 35).unwrap();
+    assert!(t.retain_clean(35, &p));
+    assert!(matches!(t.lookup(35), Some(Stored::Swap { .. })));
+}
