@@ -79,6 +79,8 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "limit_bytes": p.limit_bytes,
             "resident_bytes": p.resident_bytes,
             "metadata_bytes": p.metadata_bytes,
+            "managed_bytes": p.managed_bytes,
+            "metadata_bytes_per_page": p.metadata_bytes_per_page,
             "zero_faults": p.zero_faults,
             "load_faults": p.load_faults,
             "evicted_folios": p.evicted_folios,

@@ -303,6 +303,10 @@ fn run_one(
         zswpout,
         zswpin,
         cached_reused: done.iter().map(|r| r.cached_reused).sum(),
+        metadata_bytes_per_page: match cfg {
+            Config::Zmem { .. } => Some(w.iter().map(|r| r.metadata_bytes_per_page).fold(0.0, f64::max)),
+            _ => None,
+        },
         rejects,
         written_back_pages: w.iter().map(|r| r.written_back_pages).sum(),
         writeback_bytes_per_page: {

@@ -26,6 +26,9 @@ pub(super) struct RunReport {
     /// zmem: pages evicted again unchanged since their load, whose kept
     /// entry was reused (not compressed, not counted in zswpout).
     pub(super) cached_reused: u64,
+    /// zmem: the pager's metadata (folio tables, lists, tier entries) per
+    /// managed page, at the end of writing (the most of any worker).
+    pub(super) metadata_bytes_per_page: Option<f64>,
     pub(super) rejects: u64,
     pub(super) written_back_pages: u64,
     /// Swap-file bytes written per page written back, at the end of writing

@@ -26,6 +26,8 @@ pub struct WorkerReport {
     pub(super) zswpout: u64,
     pub(super) zswpin: u64,
     pub(super) cached_reused: u64,
+    /// The pager's metadata per managed page, at the end of writing.
+    pub(super) metadata_bytes_per_page: f64,
     pub(super) rejects: u64,
     pub(super) stored_pages: u64,
     pub(super) same_filled_pages: u64,
@@ -125,6 +127,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     if let Some(p) = pager.as_ref() {
         let s = p.tier().stats();
         rep.zswpout = s.zswpout;
+        rep.metadata_bytes_per_page = p.stats().metadata_bytes_per_page;
         rep.stored_pages = s.stored_pages;
         rep.same_filled_pages = s.same_filled_pages;
         rep.pool_total_size = s.pool_total_size;

@@ -3,9 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Pager;
+use crate::mapping::PAGE_SIZE;
 
 /// Counters of a pager.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct PagerStats {
     /// Faults on never-touched folios, resolved with the zero page.
     pub zero_faults: u64,
@@ -77,6 +78,10 @@ pub struct PagerStats {
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
+    /// Bytes of the regions the pager manages now (from their folio tables).
+    pub managed_bytes: u64,
+    /// `metadata_bytes` per managed 4 KiB page (zram's table entry is 16 B).
+    pub metadata_bytes_per_page: f64,
     /// Resident bytes plus the pool plus metadata: what the limit bounds.
     pub usage_bytes: u64,
     /// The limit that applies now: the configured one, or in a process
@@ -127,6 +132,8 @@ impl Pager {
     pub fn stats(&self) -> PagerStats {
         let c = &self.inner.counters;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let folios = self.inner.tables.load(Ordering::Relaxed) / super::region::FOLIO_TABLE_BYTES;
+        let managed_bytes = (folios * self.inner.cfg.folio_size) as u64;
         PagerStats {
             zero_faults: r(&c.zero_faults),
             adoption_cuts: r(&c.adoption_cuts),
@@ -157,6 +164,12 @@ impl Pager {
             written_folios: r(&c.written_folios),
             resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
             metadata_bytes: self.inner.metadata() as u64,
+            managed_bytes,
+            metadata_bytes_per_page: if managed_bytes == 0 {
+                0.0
+            } else {
+                self.inner.metadata() as f64 / (managed_bytes / PAGE_SIZE as u64) as f64
+            },
             usage_bytes: self.inner.usage() as u64,
             limit_bytes: self.inner.limit() as u64,
             tracking_writes: self.inner.tracking,
