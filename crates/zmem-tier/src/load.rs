@@ -301,9 +301,11 @@ impl Tier {
     /// swap file (which costs no memory, only its share of a slot) by a
     /// 128-bit hash of the page taken now, so that no read is needed. A
     /// same-filled marker (free to make again) is dropped, and so is a
-    /// written-back entry once the swap file is half full. Returns whether
-    /// the entry was kept.
-    pub fn retain_clean(&self, key: u64, page: &[u8]) -> bool {
+    /// written-back entry once the swap file is half full, and a pool entry
+    /// unless `keep_pool` (a kept pool entry is memory beside the page: the
+    /// caller keeps them only with room to spare). Returns whether the
+    /// entry was kept.
+    pub fn retain_clean(&self, key: u64, page: &[u8], keep_pool: bool) -> bool {
         let mut shard = self.tree.lock(key);
         match shard.get_mut(key) {
             // Past half the swap file, slots are worth more than the
@@ -324,7 +326,7 @@ impl Tier {
                 }
                 true
             }
-            Some(e) if e.in_pool() => {
+            Some(e) if e.in_pool() && keep_pool => {
                 if !e.cached {
                     e.cached = true;
                     // A second trip round the LRU from now, as a store.

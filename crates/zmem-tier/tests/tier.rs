@@ -507,7 +507,7 @@ fn kept_entries_are_reused_only_for_unchanged_pages() {
     assert_eq!(t.writeback(32), 32);
     let mut pages: Vec<Vec<u8>> = (0..n).map(|k| load(&t, k).unwrap()).collect();
     for (k, p) in pages.iter().enumerate() {
-        assert!(t.retain_clean(k as u64, p), "key {k}");
+        assert!(t.retain_clean(k as u64, p, true), "key {k}");
     }
     let s = t.stats();
     assert_eq!(s.cached_pages, n, "{s:?}");
@@ -528,12 +528,12 @@ fn kept_entries_are_reused_only_for_unchanged_pages() {
         assert!(load(&t, k).unwrap() == pages[k as usize], "key {k}");
     }
     // A plain store never reuses: a kept entry is replaced.
-    assert!(t.retain_clean(5, &pages[5]));
+    assert!(t.retain_clean(5, &pages[5], true));
     t.store(5, &pages[5]).unwrap();
     assert_eq!(t.stats().cached_reused, n - changed);
     // A kept entry whose page was written is dropped by drop_cached, and
     // only a kept one.
-    assert!(t.retain_clean(6, &pages[6]));
+    assert!(t.retain_clean(6, &pages[6], true));
     assert!(t.drop_cached(6) && t.lookup(6).is_none());
     assert!(!t.drop_cached(7) && t.lookup(7).is_some());
     for k in 0..n {
@@ -557,7 +557,7 @@ fn a_full_pool_without_writeback_frees_kept_entries_to_store() {
     assert!(full > 8, "{:?}", t.stats());
     for k in 0..full {
         let p = load(&t, k).unwrap();
-        assert!(t.retain_clean(k, &p));
+        assert!(t.retain_clean(k, &p, true));
     }
     // Other pages fit now: the kept entries make room.
     for j in 0..full / 2 {
@@ -584,8 +584,9 @@ enum KeepOp {
         kinds: Vec<(u8, u64, bool)>,
         reuse: bool,
     },
-    /// Load (non-exclusive) and keep as a clean copy.
-    Keep(u64),
+    /// Load (non-exclusive) and keep as a clean copy (a pool entry only
+    /// with the flag).
+    Keep(u64, bool),
     DropCached(u64),
     Invalidate(u64),
     Writeback(usize),
@@ -595,7 +596,7 @@ fn keep_op() -> impl Strategy<Value = KeepOp> {
     prop_oneof![
         5 => (0u64..48, prop::collection::vec((any::<u8>(), any::<u64>(), any::<bool>()), 1..6), any::<bool>())
             .prop_map(|(key, kinds, reuse)| KeepOp::Store { key, kinds, reuse }),
-        5 => (0u64..52).prop_map(KeepOp::Keep),
+        5 => (0u64..52, any::<bool>()).prop_map(|(k, pool)| KeepOp::Keep(k, pool)),
         1 => (0u64..52).prop_map(KeepOp::DropCached),
         1 => (0u64..52).prop_map(KeepOp::Invalidate),
         1 => (1usize..40).prop_map(KeepOp::Writeback),
@@ -640,10 +641,10 @@ proptest! {
                         }
                     }
                 }
-                KeepOp::Keep(key) => match model.get(&key).cloned() {
+                KeepOp::Keep(key, keep_pool) => match model.get(&key).cloned() {
                     Some((p, false)) => {
                         prop_assert!(load(&t, key).as_ref() == Some(&p), "key {}", key);
-                        if t.retain_clean(key, &p) {
+                        if t.retain_clean(key, &p, keep_pool) {
                             model.insert(key, (p, true));
                         } else {
                             model.remove(&key);
@@ -698,7 +699,7 @@ fn a_half_full_swap_file_keeps_no_entries() {
     assert_eq!(t.writeback(40), 40);
     assert!(t.swap_file().unwrap().half_full(), "{:?}", t.stats());
     let p = load(&t, 3).unwrap();
-    assert!(!t.retain_clean(3, &p));
+    assert!(!t.retain_clean(3, &p, true));
     assert!(t.lookup(3).is_none());
     // Below half, it is kept.
     for k in 4..30u64 {
@@ -706,6 +707,6 @@ fn a_half_full_swap_file_keeps_no_entries() {
     }
     assert!(!t.swap_file().unwrap().half_full());
     let p = load(&t, 35).unwrap();
-    assert!(t.retain_clean(35, &p));
+    assert!(t.retain_clean(35, &p, true));
     assert!(matches!(t.lookup(35), Some(Stored::Swap { .. })));
 }

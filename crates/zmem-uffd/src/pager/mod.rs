@@ -475,10 +475,14 @@ impl Inner {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let holes = st.holes_in(f * ppf, ppf);
         let mut kept = false;
+        // A kept pool entry is memory beside the page it copies, charged to
+        // the limit: kept only below the low watermark, where it costs no
+        // eviction. (Entries in the swap file cost no memory.)
+        let keep_pool = self.usage() + self.cfg.folio_size <= self.low();
         for p in f * ppf..(f + 1) * ppf {
             if !holes.as_ref().is_some_and(|h| h[p - f * ppf]) {
                 let i = p - f * ppf;
-                kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool);
             }
         }
         st.cached[f].store(kept, Ordering::Relaxed);
