@@ -98,6 +98,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "move_recounts": p.move_recounts,
             "fork_loads": p.fork_loads,
             "readahead_folios": p.readahead_folios,
+            "zero_ahead_folios": p.zero_ahead_folios,
             "adoption_cuts": p.adoption_cuts,
             "cow_breaks": p.cow_breaks,
             "shared_parks": p.shared_parks,

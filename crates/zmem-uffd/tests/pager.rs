@@ -788,3 +788,36 @@ fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages, t.cached_pages), (0, 0, 0), "entries leaked: {t:?}");
 }
+
+#[test]
+fn sequential_writes_to_fresh_memory_get_zeros_ahead_and_reads_do_not() {
+    let _wd = watchdog("zero-ahead", 60);
+    for window in [8, 0] {
+        let p = Pager::new(PagerConfig { read_ahead: window, ..PagerConfig::with_limit(16 << 20) }).unwrap();
+        let r = p.map(8 << 20).unwrap();
+        let pages = r.len() / PAGE_SIZE;
+        // Reading fresh memory maps the zero page: nothing ahead.
+        let zero: u64 = (0..pages).map(|pg| r.words()[pg * WORDS].load(Ordering::Relaxed)).sum();
+        assert_eq!(zero, 0);
+        assert_eq!(p.stats().zero_ahead_folios, 0, "{:?}", p.stats());
+        let r2 = p.map(8 << 20).unwrap();
+        // Writing the second region in order: folios ahead get zeros, so
+        // fewer faults, and every page still reads what was written (and
+        // the untouched words of each page are zero).
+        for pg in 0..pages {
+            r2.words()[pg * WORDS + 1].store(pg as u64 + 1, Ordering::Relaxed);
+        }
+        let s = p.stats();
+        if window > 0 {
+            assert!(s.zero_ahead_folios > 0, "{s:?}");
+            assert!(s.zero_faults < 2 * (pages / 16) as u64, "{s:?}");
+        } else {
+            assert_eq!(s.zero_ahead_folios, 0, "{s:?}");
+        }
+        for pg in 0..pages {
+            let w = &r2.words()[pg * WORDS..(pg + 1) * WORDS];
+            assert_eq!(w[1].load(Ordering::Relaxed), pg as u64 + 1, "page {pg}");
+            assert!(w.iter().enumerate().all(|(i, x)| i == 1 || x.load(Ordering::Relaxed) == 0), "page {pg}");
+        }
+    }
+}

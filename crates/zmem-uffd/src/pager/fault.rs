@@ -23,12 +23,23 @@ use crate::sys::{Event, UffdError};
 /// 64K swap-in thrashed near the limit without such a check), and only if
 /// its stripe lock is free and it is Evicted. Folios loaded ahead are not
 /// referenced: untouched, they are the first to go again.
+///
+/// Sequential *write* faults on never-touched folios do the same with
+/// zeros (`zero_ahead_folios`): the next folios that are Never get one COPY
+/// of zeros each (~18 µs for 64K) instead of a fault round trip each
+/// (60–100 µs across vCPUs), as a large anonymous folio would give them in
+/// the kernel. This is allowed up to the limit, not only under the high
+/// watermark: a program filling memory in order at the limit is what it
+/// is for, and a page it is about to write costs the same either way. A
+/// read fault never zero-fills ahead (the zero page costs nothing).
 #[derive(Debug, Default)]
 pub(super) struct ReadAhead {
     region: u32,
     /// The folio a sequential fault would load next.
     next: usize,
     window: usize,
+    /// The sequence is of write faults on never-touched folios.
+    zeros: bool,
 }
 
 /// What became of a fault.
@@ -167,6 +178,10 @@ impl Inner {
                 }
                 self.became_resident(&st, f);
                 inc(&self.counters.zero_faults);
+                drop(g);
+                self.zero_ahead(&st, f, ra);
+                self.throttle();
+                return Served::Done;
             }
             Folio::Never => {
                 match self.zero_fill_folio(&st, f, folio_addr) {
@@ -260,13 +275,48 @@ impl Inner {
         Served::Done
     }
 
+    /// After a write fault COPYed zeros over never-touched folio `f` of
+    /// `st`: see [`ReadAhead`].
+    fn zero_ahead(&self, st: &Arc<RegionState>, f: usize, ra: &mut ReadAhead) {
+        if self.cfg.read_ahead == 0 {
+            return;
+        }
+        if ra.region != st.id || ra.next != f || !ra.zeros {
+            *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: true };
+            return;
+        }
+        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead);
+        let end = (f + 1 + ra.window).min(st.state.len());
+        let fs = self.cfg.folio_size;
+        let mut g = f + 1;
+        while g < end {
+            if self.usage() + fs > self.limit() {
+                break;
+            }
+            let (lock, _) = self.stripe(st, g);
+            let Ok(guard) = lock.try_lock() else { break };
+            if st.folio(g) != Folio::Never {
+                break;
+            }
+            let addr = st.start.load(Ordering::Acquire) + (g * fs) as u64;
+            if self.zero_copy_folio(st, g, addr) == Served::Again {
+                break;
+            }
+            self.became_resident(st, g);
+            inc(&self.counters.zero_ahead_folios);
+            drop(guard);
+            g += 1;
+        }
+        ra.next = g;
+    }
+
     /// After a fault loaded folio `f` of `st`: see [`ReadAhead`].
     fn read_ahead(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8], ra: &mut ReadAhead) {
         if self.cfg.read_ahead == 0 {
             return;
         }
-        if ra.region != st.id || ra.next != f {
-            *ra = ReadAhead { region: st.id, next: f + 1, window: 0 };
+        if ra.region != st.id || ra.next != f || ra.zeros {
+            *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: false };
             return;
         }
         ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead);

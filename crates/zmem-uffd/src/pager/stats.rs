@@ -48,6 +48,8 @@ pub struct PagerStats {
     pub fork_loads: u64,
     /// Folios loaded ahead of sequential faults (`fault.rs`, `ReadAhead`).
     pub readahead_folios: u64,
+    /// Never-touched folios given zeros ahead of sequential write faults.
+    pub zero_ahead_folios: u64,
     /// Adoptions whose range changed between the scan and the
     /// registration: the changed part was left unmanaged (`adopt_range`).
     pub adoption_cuts: u64,
@@ -107,6 +109,7 @@ pub(super) struct Counters {
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) readahead_folios: AtomicU64,
+    pub(super) zero_ahead_folios: AtomicU64,
     pub(super) adoption_cuts: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
     pub(super) shared_parks: AtomicU64,
@@ -138,6 +141,7 @@ impl Pager {
             zero_faults: r(&c.zero_faults),
             adoption_cuts: r(&c.adoption_cuts),
             readahead_folios: r(&c.readahead_folios),
+            zero_ahead_folios: r(&c.zero_ahead_folios),
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
