@@ -303,6 +303,7 @@ impl Inner {
                 Folio::Resident => {
                     st.set_folio(f, Folio::Never);
                     self.resident.fetch_sub(1, Ordering::Relaxed);
+                    self.dropped.lock_ok().remove(&(st.id, f));
                     if st.cached[f].swap(false, Ordering::Relaxed) {
                         self.invalidate_folio(st, f);
                     }

@@ -82,6 +82,18 @@ impl Inner {
                 pages.iter().for_each(|&p| h.present[p - f * ppf] = false);
             }
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
+            // The kernel zaps the pages only after this event was read, so a
+            // MOVE can still find one of them in between and carry its old
+            // bytes off: a partly dropped resident folio remembers its
+            // dropped pages until a fault shows the zap done, and its next
+            // eviction drops them as it does for an Evicting folio.
+            if !whole && st.folio(f) == Folio::Resident {
+                let mut d = self.dropped.lock_ok();
+                let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
+                pages.iter().for_each(|&p| mask[p - f * ppf] = true);
+            } else if whole {
+                self.dropped.lock_ok().remove(&(st.id, f));
+            }
             // A whole folio dropped is as if never touched; a resident folio
             // partly dropped stays resident (its dropped pages fault to zero).
             if whole {

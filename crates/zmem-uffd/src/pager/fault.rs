@@ -216,6 +216,18 @@ impl Inner {
                     }
                     Ok(_) => {}
                 }
+                // The fault shows the kernel's zap done: what the page holds
+                // from now on is the program's (see `drop_range_in`).
+                let ppf = self.cfg.folio_size / PAGE_SIZE;
+                let i = ((page - start) as usize / PAGE_SIZE) % ppf;
+                let mut d = self.dropped.lock_ok();
+                if let Some(mask) = d.get_mut(&(st.id, f)) {
+                    mask[i] = false;
+                    if !mask.contains(&true) {
+                        d.remove(&(st.id, f));
+                    }
+                }
+                drop(d);
                 inc(&self.counters.dropped_page_faults);
             }
         }

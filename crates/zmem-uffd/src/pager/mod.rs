@@ -182,7 +182,10 @@ struct Inner {
     reclaimed: (Mutex<()>, Condvar),
     /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
     /// Folio::Evicting, by (region id, folio): the evictor drops their entries
-    /// when it finishes. Written and taken under the folio's stripe lock.
+    /// when it finishes. Also the pages dropped from a Resident folio whose
+    /// zap may still be to come (until a fault on the page shows it done):
+    /// the next eviction drops them too. Written and taken under the
+    /// folio's stripe lock.
     dropped: Mutex<HashMap<(u32, usize), Vec<bool>>>,
     /// Folios whose store was rejected: their pages, uncompressed, until a
     /// fault maps them again. Reclaim never puts pages back itself: only

@@ -277,6 +277,7 @@ impl Drop for Region {
             drop(g);
             if old == Folio::Resident {
                 inner.resident.fetch_sub(1, Ordering::Relaxed);
+                inner.dropped.lock_ok().remove(&(st.id, f));
             }
             if old == Folio::Evicted || st.cached[f].swap(false, Ordering::Relaxed) {
                 inner.invalidate_folio(st, f);
