@@ -77,6 +77,9 @@ fn tree_bytes(entries: usize, cached: usize) -> usize {
     entries * (std::mem::size_of::<(u64, Entry)>() + 8) + cached * (std::mem::size_of::<(u64, (u64, u128))>() + 8)
 }
 
+/// A locked shard of the tier's tree.
+type ShardGuard<'a> = sync::MutexGuard<'a, Shard<Arc<Pool>>>;
+
 /// The largest folio one store takes (2 MiB).
 pub const MAX_FOLIO_PAGES: usize = 512;
 

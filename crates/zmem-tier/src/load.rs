@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::stats::inc;
 use crate::tree::Shard;
+use crate::ShardGuard;
 use crate::{Entry, Pool, Stored, Tier, TierError};
 
 /// A page [`Tier::load_many`] took an object for.
@@ -307,47 +308,34 @@ impl Tier {
     /// entry was kept.
     pub fn retain_clean(&self, key: u64, page: &[u8], keep_pool: bool) -> bool {
         let mut shard = self.tree.lock(key);
-        match shard.get_mut(key) {
+        let Some(e) = shard.get_mut(key) else { return false };
+        let keep = match e.stored {
             // Past half the swap file, slots are worth more than the
             // compressions a kept entry may save (do_swap_page frees the
             // slot when vm_swap_full()).
-            Some(e)
-                if matches!(e.stored, Stored::Swap { .. }) && !self.swap.as_ref().is_some_and(|s| s.half_full()) =>
-            {
-                let fresh = !e.cached;
-                e.cached = true;
-                let id = e.id;
-                shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
-                drop(shard);
-                if fresh {
-                    inc(&self.counters.cached_pages, 1);
-                    self.clean.push([(key, id)]);
-                    self.tidy_clean();
-                }
-                true
-            }
-            Some(e) if e.in_pool() && keep_pool => {
-                if !e.cached {
-                    e.cached = true;
-                    // A second trip round the LRU from now, as a store.
-                    e.referenced = true;
-                    let id = e.id;
-                    inc(&self.counters.cached_pages, 1);
-                    drop(shard);
-                    self.clean.push([(key, id)]);
-                    self.tidy_clean();
-                }
-                true
-            }
-            Some(_) => {
-                let e = shard.remove(key).expect("looked up under the same lock");
-                let dropped = self.release(&mut shard, e);
-                drop(shard);
-                drop(dropped);
-                false
-            }
-            None => false,
+            Stored::Swap { .. } => !self.swap.as_ref().is_some_and(|s| s.half_full()),
+            Stored::Pool { .. } => keep_pool,
+            Stored::SameFilled(_) => false,
+        };
+        if !keep {
+            self.free_locked(shard, key);
+            return false;
         }
+        let fresh = !e.cached;
+        e.cached = true;
+        // A second trip round the LRU from now, as a store.
+        e.referenced = true;
+        let (id, in_swap) = (e.id, !e.in_pool());
+        if in_swap {
+            shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
+        }
+        drop(shard);
+        if fresh {
+            inc(&self.counters.cached_pages, 1);
+            self.clean.push([(key, id)]);
+            self.tidy_clean();
+        }
+        true
     }
 
     /// Keeps the clean list within twice the cached entries (items of
@@ -372,15 +360,10 @@ impl Tier {
                 break;
             }
             for (k, id) in items {
-                let mut shard = self.tree.lock(k);
-                if !shard.get(k).is_some_and(|e| e.id == id && e.cached) {
-                    continue;
+                let shard = self.tree.lock(k);
+                if shard.get(k).is_some_and(|e| e.id == id && e.cached) {
+                    done += usize::from(self.free_locked(shard, k));
                 }
-                let e = shard.remove(k).expect("looked up under the same lock");
-                let dropped = self.release(&mut shard, e);
-                drop(shard);
-                drop(dropped);
-                done += 1;
             }
             if done > 0 && target > 0 && self.pool_total_size() > target {
                 self.compact();
@@ -396,21 +379,23 @@ impl Tier {
     /// Drops the entry under `key` if it is a cached clean copy (the page
     /// was written since it was loaded). Returns whether it did.
     pub fn drop_cached(&self, key: u64) -> bool {
-        let mut shard = self.tree.lock(key);
+        let shard = self.tree.lock(key);
         if !shard.get(key).is_some_and(|e| e.cached) {
             return false;
         }
-        let e = shard.remove(key).expect("looked up under the same lock");
         inc(&self.counters.cached_dropped, 1);
-        let dropped = self.release(&mut shard, e);
-        drop(shard);
-        drop(dropped);
-        true
+        self.free_locked(shard, key)
     }
 
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
-        let mut shard = self.tree.lock(key);
+        self.free_locked(self.tree.lock(key), key)
+    }
+
+    /// Removes the entry under `key` from `shard` (its lock held) and frees
+    /// what it holds; a pool whose last entry it was is dropped after the
+    /// lock. Returns whether there was one.
+    pub(crate) fn free_locked(&self, mut shard: ShardGuard<'_>, key: u64) -> bool {
         let Some(e) = shard.remove(key) else { return false };
         let dropped = self.release(&mut shard, e);
         drop(shard);

@@ -59,10 +59,7 @@ impl Tier {
                 if e.cached {
                     // A clean copy of a page that is mapped: free, not
                     // written (the page is stored again when evicted).
-                    let e = shard.remove(key).expect("looked up under the same lock");
-                    let dropped = self.release(&mut shard, e);
-                    drop(shard);
-                    drop(dropped);
+                    self.free_locked(shard, key);
                     inc(&self.counters.cached_dropped, 1);
                     pass.dropped += 1;
                     continue;

@@ -9,7 +9,6 @@ use zmem_common::LockExt;
 
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
 use crate::pagemap::WriteTracker;
 use crate::sys::UffdError;
 
@@ -168,13 +167,11 @@ impl Inner {
             st.queued[*f].store(false, Ordering::Release);
         };
         let victims = self.lru.lock_ok().isolate(self.cfg.reclaim_batch, look, live, left);
-        let ppf = self.cfg.folio_size / PAGE_SIZE;
         for (st, f) in dirtied {
             // Only cached entries go: a store under the same key (an
             // eviction since) is never touched.
-            let holes = st.holes_in(f * ppf, ppf);
-            for p in (0..ppf).filter(|&p| !holes.as_ref().is_some_and(|h| h[p])) {
-                self.tier.drop_cached(st.key(f * ppf + p));
+            for p in self.folio_pages(&st, f) {
+                self.tier.drop_cached(st.key(p));
             }
         }
         victims

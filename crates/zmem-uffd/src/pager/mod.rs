@@ -460,14 +460,18 @@ impl Inner {
     /// invalidated when the program unmapped them, or belong to the region
     /// a partial mremap split off.
     pub(super) fn invalidate_folio(&self, st: &RegionState, f: usize) {
-        let ppf = self.cfg.folio_size / PAGE_SIZE;
-        let holes = st.holes_in(f * ppf, ppf);
-        for p in f * ppf..(f + 1) * ppf {
-            if !holes.as_ref().is_some_and(|h| h[p - f * ppf]) {
-                self.tier.invalidate(st.key(p));
-            }
+        for p in self.folio_pages(st, f) {
+            self.tier.invalidate(st.key(p));
         }
         self.unhold(st, f);
+    }
+
+    /// The pages of folio `f` of `st` (region page numbers) that are not in
+    /// its holes: those whose entries are this region's.
+    pub(super) fn folio_pages(&self, st: &RegionState, f: usize) -> impl Iterator<Item = usize> {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let holes = st.holes_in(f * ppf, ppf);
+        (f * ppf..(f + 1) * ppf).filter(move |&p| !holes.as_ref().is_some_and(|h| h[p - f * ppf]))
     }
 
     /// [`invalidate_folio`](Self::invalidate_folio) for a folio just
@@ -476,17 +480,14 @@ impl Inner {
     /// `pages` is what was mapped.
     pub(super) fn retain_folio(&self, st: &RegionState, f: usize, pages: &[u8]) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
-        let holes = st.holes_in(f * ppf, ppf);
         let mut kept = false;
         // A kept pool entry is memory beside the page it copies, charged to
         // the limit: kept only below the low watermark, where it costs no
         // eviction. (Entries in the swap file cost no memory.)
         let keep_pool = self.usage() + self.cfg.folio_size <= self.low();
-        for p in f * ppf..(f + 1) * ppf {
-            if !holes.as_ref().is_some_and(|h| h[p - f * ppf]) {
-                let i = p - f * ppf;
-                kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool);
-            }
+        for p in self.folio_pages(st, f) {
+            let i = p - f * ppf;
+            kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool);
         }
         st.cached[f].store(kept, Ordering::Relaxed);
         self.unhold(st, f);

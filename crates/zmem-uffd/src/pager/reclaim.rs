@@ -218,9 +218,8 @@ impl Inner {
             // bytes are unchanged (`store_reusing` compares them).
             let reuse = st.cached[*f].swap(false, Ordering::Relaxed);
             if present.contains(&false) {
-                let holes = st.holes_in(f * ppf, ppf);
-                for p in (0..ppf).filter(|&p| !present[p] && !holes.as_ref().is_some_and(|h| h[p])) {
-                    self.tier.invalidate(st.key(f * ppf + p));
+                for p in self.folio_pages(st, *f).filter(|&p| !present[p - f * ppf]) {
+                    self.tier.invalidate(st.key(p));
                 }
             }
             let mut ok = true;
