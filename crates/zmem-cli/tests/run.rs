@@ -267,6 +267,29 @@ fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
     assert!(p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20), "{daemon}");
 }
 
+/// glibc grows a chunk it mmapped with mremap(MAYMOVE), a raw syscall no
+/// interposed call sees: zmem learns of it from REMAP and UNMAP events.
+/// tests/data/mremap.c grows 48 such vectors side by side (the kernel
+/// merges their mappings, so one adopted region spans several, and each
+/// move splits it), in place and moved, and checks every word. It caught
+/// three ways to read zeros: a split-off region dropping entries that
+/// were another region's (the parent's holes, lead and tail), and a scan
+/// adopting the moved mapping before its REMAP was read.
+#[test]
+fn vectors_grown_by_mremap_keep_every_word_as_regions_split_and_move() {
+    let exe = compile_c("mremap");
+    for folio in ["64K", "16K"] {
+        run_managed_env(
+            &format!("mremap-{folio}"),
+            "40M",
+            &[exe.to_str().unwrap(), "600000"],
+            &[("ZMEM_FOLIO", folio)],
+            "600000 steps, 0 bad words",
+            300,
+        );
+    }
+}
+
 /// Memory the program locks (`MAP_LOCKED`, `mlock`) is never managed, while
 /// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
 #[test]

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zmem_common::{LockExt, RwLockExt};
 
+use super::stats::inc;
 use super::{Folio, Inner, RegionState};
 use crate::mapping::PAGE_SIZE;
 
@@ -113,6 +114,8 @@ impl Inner {
     /// hole from then on, and a region of its own at its new address
     /// (`split_moved`).
     pub(super) fn remap(&self, from: u64, to: u64, len: u64) {
+        log::debug!("REMAP {from:#x}..{:#x} to {to:#x}", from + len);
+        self.forget_early_adoptions(to, to + len);
         for st in self.regions_in(from, from + len) {
             let base = st.start.load(Ordering::Acquire);
             let parts = st.mapped_parts();
@@ -125,6 +128,12 @@ impl Inner {
             let inside = parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi);
             let mut regions = self.regions.write_ok();
             let new = (base + to).checked_sub(from);
+            log::debug!(
+                "REMAP: region {} at {base:#x}+{:#x}: {}",
+                st.id,
+                st.len,
+                if inside { "moves" } else { "splits" }
+            );
             if let (true, Some(new)) = (inside, new) {
                 if let Some(st) = regions.remove(&(base, st.id)) {
                     st.start.store(new, Ordering::Release);
@@ -136,9 +145,39 @@ impl Inner {
                 // region of its own whose pages keep their entries.
                 drop(regions);
                 let (a, b) = (lo.max(base), hi.min(base + st.len as u64));
+                // The region's holes there before this move: not the new
+                // region's either (below).
+                let holes = st.unmapped.lock_ok().clone();
                 st.moved.lock_ok().push(((a - base) as usize, (b - base) as usize));
                 st.add_hole((a - base) as usize, (b - base) as usize);
-                self.split_moved(&st, a, b, to + (a - from));
+                self.split_moved(&st, a, b, to + (a - from), &holes);
+            }
+        }
+    }
+
+    /// Before regions move to `[to, end)` (a REMAP): a region that has
+    /// part of that range is an adoption of the moved mapping itself, made
+    /// by a scan that saw the new mapping before the handler read the
+    /// REMAP (the kernel lists it as soon as mremap made it; the event
+    /// follows). Its pages there are the moved regions' from now on: they
+    /// are a hole of it, and it is retired if nothing else is left.
+    /// Left alone, it took faults there (it is newer, so `region_at` finds
+    /// it first) and served evicted pages of the moved regions as zeros.
+    /// Nothing of it was evicted: its MOVEs fail with EAGAIN until the
+    /// REMAP is read, and then see the hole.
+    fn forget_early_adoptions(&self, to: u64, end: u64) {
+        for st in self.regions_in(to, end) {
+            let base = st.start.load(Ordering::Acquire);
+            let (a, b) = (to.max(base), end.min(base + st.len as u64));
+            if a >= b || !st.mapped_parts().iter().any(|&(x, y)| base + (x as u64) < b && base + y as u64 > a) {
+                continue;
+            }
+            log::debug!("region {} at {base:#x} was adopted from a mapping mremap moved: {a:#x}..{b:#x} left", st.id);
+            inc(&self.counters.early_adoptions);
+            st.add_hole((a - base) as usize, (b - base) as usize);
+            self.drop_range_in(&st, base, a, b);
+            if st.mapped_parts().is_empty() {
+                self.retire(&st);
             }
         }
     }
@@ -153,10 +192,20 @@ impl Inner {
     /// evictor when it finishes (`forwards`); held pages go with their
     /// folio.
     ///
+    /// `holes` are `st`'s holes before the move. Those within `[a, b)` are
+    /// holes of the new region too, and recorded as moved away from it (as
+    /// are its lead and tail, which are `st`'s):
+    /// their pages' keys are dead (the program unmapped them) or belong to
+    /// another region (a part moved out earlier, whose address the program
+    /// since grew a neighbour into), and the new region must never load,
+    /// store or drop them. Without this, the new region dropped the
+    /// entries of the region split off earlier when the program freed
+    /// its mapping, and that region read zeros.
+    ///
     /// Run by the handler while it holds `events`, before it serves any
     /// fault read after the REMAP: no fault on the new address is served
     /// before the region is there.
-    fn split_moved(&self, st: &Arc<RegionState>, a: u64, b: u64, to: u64) {
+    fn split_moved(&self, st: &Arc<RegionState>, a: u64, b: u64, to: u64, holes: &[(usize, usize)]) {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let base = st.start.load(Ordering::Acquire);
@@ -175,6 +224,16 @@ impl Inner {
         if end - first * fs < len {
             new.add_hole(end - first * fs, len);
         }
+        for &(ha, hb) in holes {
+            let (x, y) = (ha.max(off), hb.min(end));
+            if x < y {
+                new.add_hole(x - first * fs, y - first * fs);
+            }
+        }
+        // None of the new region's holes are its own: the lead and the
+        // tail are the parent's pages (or another region's), the rest as
+        // above. Recorded as moved away, no event makes it drop them.
+        *new.moved.lock_ok() = new.unmapped.lock_ok().clone();
         let mut resident = Vec::new();
         for j in 0..last - first {
             let f = first + j;
@@ -219,6 +278,12 @@ impl Inner {
                 resident.push(j);
             }
         }
+        log::debug!(
+            "split region {} at {start:#x}+{len:#x} off region {} from folio {first}, holes {:x?}",
+            new.id,
+            st.id,
+            new.unmapped.lock_ok()
+        );
         self.regions.write_ok().insert((start, new.id), Arc::clone(&new));
         for j in resident {
             self.lru_add(&new, j);

@@ -42,7 +42,7 @@ pub struct PagerStats {
     pub poisoned_pages: u64,
     /// Folio moves where UFFDIO_MOVE's count of what moved was wrong, and
     /// the staging slot's page tables were believed instead (a Linux 6.18
-    /// bug; see `move_folio`).
+    /// bug; see `move_span`).
     pub move_recounts: u64,
     /// Folios loaded back before a fork, so that the child's copy is whole.
     pub fork_loads: u64,
@@ -53,6 +53,9 @@ pub struct PagerStats {
     /// Adoptions whose range changed between the scan and the
     /// registration: the changed part was left unmanaged (`adopt_range`).
     pub adoption_cuts: u64,
+    /// Regions adopted from a mapping an mremap had just moved, before
+    /// its REMAP was read: the moved regions take the range back.
+    pub early_adoptions: u64,
     /// Folios that could not move because a forked child shares their
     /// pages, given their own copy (`MADV_POPULATE_WRITE`) to move later.
     pub cow_breaks: u64,
@@ -111,6 +114,7 @@ pub(super) struct Counters {
     pub(super) readahead_folios: AtomicU64,
     pub(super) zero_ahead_folios: AtomicU64,
     pub(super) adoption_cuts: AtomicU64,
+    pub(super) early_adoptions: AtomicU64,
     pub(super) cow_breaks: AtomicU64,
     pub(super) shared_parks: AtomicU64,
     pub(super) mapping_scans: AtomicU64,
@@ -140,6 +144,7 @@ impl Pager {
         PagerStats {
             zero_faults: r(&c.zero_faults),
             adoption_cuts: r(&c.adoption_cuts),
+            early_adoptions: r(&c.early_adoptions),
             readahead_folios: r(&c.readahead_folios),
             zero_ahead_folios: r(&c.zero_ahead_folios),
             load_faults: r(&c.load_faults),
