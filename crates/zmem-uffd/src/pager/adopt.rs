@@ -17,7 +17,9 @@
 //!   file-backed .data): the C library's and zmem's own statics live there,
 //!   and zmem's threads touch them (a fault there would be served by the
 //!   thread that took it);
-//! - a tail shorter than a folio (regions are whole folios).
+//! - a tail shorter than a folio (regions are whole folios): registered
+//!   with the region, so that the kernel keeps the mapping one VMA (an
+//!   mremap across VMAs fails), but never evicted.
 //!
 //! Adopting `[a, b)` ([`Pager::adopt`]):
 //! 1. put an adopted region in the table, all folios `Never`, unless a
@@ -185,7 +187,10 @@ impl Inner {
 
     pub(super) fn adopt_range(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
         let fs = self.cfg.folio_size;
-        let len = len / fs * fs;
+        // The region is whole folios; the tail shorter than a folio is
+        // registered with it but left unmanaged (see below).
+        let full = len / PAGE_SIZE * PAGE_SIZE;
+        let len = full / fs * fs;
         if len == 0 || addr % PAGE_SIZE as u64 != 0 {
             return Ok(0);
         }
@@ -219,7 +224,15 @@ impl Inner {
         // heap just after, grew it back (a mapping of its own, not
         // registered), and eviction took the new page from there while
         // no COPY could bring it back (Python then read zeros).
-        if let Err(e) = self.uffd.register(addr, len as u64, self.register_mode()) {
+        //
+        // The tail past the last whole folio is registered too, so that the
+        // kernel does not split the mapping there: an mremap of a range
+        // across two VMAs fails with EFAULT, and glibc's realloc of a
+        // chunk it mmapped is such an mremap. The tail belongs to no
+        // region: a fault there is a stray one and gets a zero page, which
+        // is what an anonymous page never touched holds; a page there is
+        // never evicted.
+        if let Err(e) = self.uffd.register(addr, full as u64, self.register_mode()) {
             self.regions.write_ok().remove(&(addr, st.id));
             self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
             return Err(e.into());
@@ -232,19 +245,21 @@ impl Inner {
         // is a hole of the region and is unregistered: eviction must never
         // MOVE pages out of memory no COPY can put them back into (it did,
         // and Python read zeros).
-        let end = addr + len as u64;
+        let (end, end_full) = (addr + len as u64, addr + full as u64);
         let cut = match vmas::covering(addr) {
-            Ok(Some((s, e))) if s <= addr => e.min(end),
+            Ok(Some((s, e))) if s <= addr => e.min(end_full),
             Ok(_) => addr,
             Err(e) => {
                 log::warn!("checking the mapping at {addr:#x} after registering it failed: {e}");
                 addr
             }
         };
+        if cut < end_full {
+            let _ = self.uffd.unregister(cut, end_full - cut);
+        }
         if cut < end {
             inc(&self.counters.adoption_cuts);
             log::debug!("{addr:#x}..{end:#x} changed while adopted: not managed from {cut:#x}");
-            let _ = self.uffd.unregister(cut, end - cut);
             st.add_hole((cut - addr) as usize, len);
             if cut - addr < fs as u64 {
                 // Retired, not just taken out of the table: a fault since
