@@ -23,10 +23,12 @@ pub mod defaults {
     /// Reclaim starts above this percent of the limit, and stops below the low one.
     pub const HIGH_WATERMARK_PERCENT: u32 = 95;
     pub const LOW_WATERMARK_PERCENT: u32 = 85;
-    /// Folios per reclaim pass.
+    /// Folios per reclaim pass…
     pub const RECLAIM_BATCH: usize = 8;
-    /// The most folios a sequential fault loads ahead.
-    pub const READ_AHEAD_FOLIOS: usize = 8;
+    /// …and at least this many bytes, when folios are small.
+    pub const RECLAIM_BATCH_BYTES: usize = 512 << 10;
+    /// The most bytes a sequential fault loads ahead.
+    pub const READ_AHEAD_BYTES: usize = 512 << 10;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
     pub const THRESHOLD: usize = 256 << 10;
     /// Where `zmem run` puts its swap file: a disk directory.

@@ -711,7 +711,7 @@ fn sequential_faults_load_folios_ahead_with_headroom() {
     let _wd = watchdog("readahead", 60);
     for window in [8, 0] {
         let limit = 8 << 20;
-        let cfg = PagerConfig { read_ahead: window, ..PagerConfig::with_limit(limit) };
+        let cfg = PagerConfig { read_ahead: window << 16, ..PagerConfig::with_limit(limit) };
         let p = Pager::new(cfg).unwrap();
         let r = p.map(32 << 20).unwrap();
         let pages = r.len() / PAGE_SIZE;
@@ -793,7 +793,7 @@ fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
 fn sequential_writes_to_fresh_memory_get_zeros_ahead_and_reads_do_not() {
     let _wd = watchdog("zero-ahead", 60);
     for window in [8, 0] {
-        let p = Pager::new(PagerConfig { read_ahead: window, ..PagerConfig::with_limit(16 << 20) }).unwrap();
+        let p = Pager::new(PagerConfig { read_ahead: window << 16, ..PagerConfig::with_limit(16 << 20) }).unwrap();
         let r = p.map(8 << 20).unwrap();
         let pages = r.len() / PAGE_SIZE;
         // Reading fresh memory maps the zero page: nothing ahead.

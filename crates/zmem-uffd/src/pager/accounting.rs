@@ -36,7 +36,7 @@ impl Inner {
     /// is the smallest limit a pager accepts.
     pub(super) fn refresh_limit(&self) {
         if let Some(m) = &self.member {
-            let floor = 4 * self.cfg.folio_size * self.cfg.reclaim_batch;
+            let floor = 4 * self.cfg.folio_size * self.cfg.batch_folios();
             self.limit_now.store(m.publish(self.usage(), floor), Ordering::Relaxed);
         }
     }

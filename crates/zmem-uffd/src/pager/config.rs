@@ -37,7 +37,8 @@ pub struct PagerConfig {
     pub low_watermark_percent: u32,
     /// The eviction unit: 4 KiB to 2 MiB, a power of two.
     pub folio_size: usize,
-    /// Folios per reclaim pass (1..=32).
+    /// Folios per reclaim pass (1..=32); small folios make a pass of at
+    /// least `RECLAIM_BATCH_BYTES` (see [`PagerConfig::batch_folios`]).
     pub reclaim_batch: usize,
     /// The longest a fault waits for reclaim when usage is over the limit.
     pub direct_reclaim_wait: Duration,
@@ -70,12 +71,12 @@ pub struct PagerConfig {
     /// keeps its usage within its share.
     pub tree: Option<std::path::PathBuf>,
     pub tier: TierConfig,
-    /// The most folios a sequential fault loads ahead (the window doubles
-    /// up to this); 0 turns read-ahead off.
+    /// The most bytes a sequential fault loads ahead (the window doubles
+    /// up to this, rounded down to folios); 0 turns read-ahead off.
     pub read_ahead: usize,
     /// Fault injection for tests: reclaim sleeps this long between looking
     /// up a folio's holes and moving its pages, widening the window an
-    /// UNMAP must never slip through (`move_folio`). Zero in real use.
+    /// UNMAP must never slip through (`move_span`). Zero in real use.
     #[doc(hidden)]
     pub inject_move_delay: Duration,
     /// Fault injection for tests: adoption sleeps this long right after
@@ -98,6 +99,19 @@ pub struct AdoptConfig {
 }
 
 impl PagerConfig {
+    /// Folios per reclaim pass: `reclaim_batch`, or as many as make
+    /// `RECLAIM_BATCH_BYTES` when folios are small. Adjacent victims move
+    /// out in one `UFFDIO_MOVE` (one TLB shootdown), so the per-call costs
+    /// of a pass do not grow as folios shrink.
+    pub fn batch_folios(&self) -> usize {
+        self.reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / self.folio_size.max(1))
+    }
+
+    /// The most folios a sequential fault loads ahead.
+    pub fn read_ahead_folios(&self) -> usize {
+        self.read_ahead / self.folio_size.max(1)
+    }
+
     /// A pager under `limit` bytes, with the defaults of
     /// `zmem_common::defaults`. Its tier's pool may take `MAX_POOL_PERCENT`
     /// of the limit, and writes back to a swap file in the temporary
@@ -120,7 +134,7 @@ impl PagerConfig {
             adopt: None,
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
-            read_ahead: defaults::READ_AHEAD_FOLIOS,
+            read_ahead: defaults::READ_AHEAD_BYTES,
             inject_move_delay: Duration::ZERO,
             inject_adopt_delay: Duration::ZERO,
         }

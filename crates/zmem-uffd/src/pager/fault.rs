@@ -17,7 +17,7 @@ use crate::sys::{Event, UffdError};
 /// after the last one this handler loaded (in the same region) loads the
 /// next `window` folios too, while the program works on the first: the
 /// COPY woke it, so the two run side by side. The window doubles with each
-/// sequential fault up to `PagerConfig::read_ahead` and starts again at 1 after a
+/// sequential fault up to `PagerConfig::read_ahead` bytes and starts again at 1 after a
 /// fault elsewhere. A folio is loaded ahead only with headroom under the
 /// high watermark, so read-ahead never makes reclaim run (the kernel's
 /// 64K swap-in thrashed near the limit without such a check), and only if
@@ -290,14 +290,14 @@ impl Inner {
     /// After a write fault COPYed zeros over never-touched folio `f` of
     /// `st`: see [`ReadAhead`].
     fn zero_ahead(&self, st: &Arc<RegionState>, f: usize, ra: &mut ReadAhead) {
-        if self.cfg.read_ahead == 0 {
+        if self.cfg.read_ahead_folios() == 0 {
             return;
         }
         if ra.region != st.id || ra.next != f || !ra.zeros {
             *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: true };
             return;
         }
-        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead);
+        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead_folios());
         let end = (f + 1 + ra.window).min(st.state.len());
         let fs = self.cfg.folio_size;
         let mut g = f + 1;
@@ -324,14 +324,14 @@ impl Inner {
 
     /// After a fault loaded folio `f` of `st`: see [`ReadAhead`].
     fn read_ahead(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8], ra: &mut ReadAhead) {
-        if self.cfg.read_ahead == 0 {
+        if self.cfg.read_ahead_folios() == 0 {
             return;
         }
         if ra.region != st.id || ra.next != f || ra.zeros {
             *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: false };
             return;
         }
-        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead);
+        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead_folios());
         let end = (f + 1 + ra.window).min(st.state.len());
         let mut g = f + 1;
         while g < end {

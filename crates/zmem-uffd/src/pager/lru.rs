@@ -133,7 +133,7 @@ impl Inner {
         written
     }
 
-    /// Picks up to `reclaim_batch` victims (see [`Lru::isolate`]). A folio
+    /// Picks up to `batch_folios` victims (see [`Lru::isolate`]). A folio
     /// is accessed if it was faulted in or (with write tracking) written
     /// since it was last looked at; looking clears both (written pages are
     /// protected again).
@@ -166,7 +166,7 @@ impl Inner {
             self.lru_len.fetch_sub(1, Ordering::Relaxed);
             st.queued[*f].store(false, Ordering::Release);
         };
-        let victims = self.lru.lock_ok().isolate(self.cfg.reclaim_batch, look, live, left);
+        let victims = self.lru.lock_ok().isolate(self.cfg.batch_folios(), look, live, left);
         for (st, f) in dirtied {
             // Only cached entries go: a store under the same key (an
             // eviction since) is never touched.

@@ -49,7 +49,7 @@
 //! # Accounting and reclaim
 //! Usage is resident folios plus held folios plus the tier's pool plus this
 //! pager's metadata. Above the high watermark the reclaim thread evicts, in
-//! batches of `reclaim_batch` folios, down to the low watermark. A fault
+//! batches of `reclaim_batch` folios (at least 512 KiB), down to the low watermark. A fault
 //! that finds usage above the limit kicks reclaim and waits for it, at most
 //! `direct_reclaim_wait`. A pass that can evict nothing makes the limit soft
 //! (as memory.high): reclaim backs off (50 ms doubling to 2 s) and faults
@@ -286,10 +286,10 @@ impl Pager {
         if cfg.low_watermark_percent >= cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
             return Err(ConfigError::invalid("watermarks", "they must satisfy low < high <= 100").into());
         }
-        if cfg.limit < 4 * fs * cfg.reclaim_batch {
+        if cfg.limit < 4 * fs * cfg.batch_folios() {
             return Err(ConfigError::invalid(
                 "limit",
-                format!("{} is below four reclaim batches ({} bytes)", cfg.limit, 4 * fs * cfg.reclaim_batch),
+                format!("{} is below four reclaim batches ({} bytes)", cfg.limit, 4 * fs * cfg.batch_folios()),
             )
             .into());
         }
@@ -348,7 +348,7 @@ impl Pager {
         // Staging shares the regions' registration mode: UFFDIO_MOVE needs
         // both sides to have the same page protection, and WP registration
         // changes it.
-        let staging = Staging::new(&inner.uffd, inner.register_mode(), inner.cfg.folio_size, inner.cfg.reclaim_batch)?;
+        let staging = Staging::new(&inner.uffd, inner.register_mode(), inner.cfg.folio_size, inner.cfg.batch_folios())?;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
             std::thread::Builder::new()

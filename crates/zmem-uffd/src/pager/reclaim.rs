@@ -176,38 +176,51 @@ impl Inner {
             drop(g);
             isolated.push((st, f));
         }
+        // Adjacent victims of a region move out together: one MOVE (and
+        // one TLB shootdown) per run, into consecutive staging slots.
+        isolated.sort_unstable_by_key(|(st, f)| (st.id, *f));
         // (victim, slot in staging, which pages moved)
-        let mut moved: Vec<(Arc<RegionState>, usize, Vec<bool>)> = Vec::new();
+        let mut moved: Vec<(Arc<RegionState>, usize, usize, Vec<bool>)> = Vec::new();
         // Folios whose pages are shared with a forked child.
         let mut shared = Vec::new();
-        for (st, f) in isolated {
-            let Moved { present, stuck, shared: is_shared } = self.move_folio(&st, f, staging, moved.len());
-            staging.mark(moved.len(), &present);
-            if stuck && !present.contains(&true) {
-                // Nothing could move (mlocked, pinned, shared): it stays
-                // resident.
-                self.finish(&st, f, |_| {
-                    st.set_folio(f, Folio::Resident);
-                    self.resident.fetch_add(1, Ordering::Relaxed);
-                });
-                if is_shared {
-                    shared.push((st, f));
+        let mut next_slot = 0;
+        let mut i = 0;
+        while i < isolated.len() {
+            let (st, f0) = (Arc::clone(&isolated[i].0), isolated[i].1);
+            let k = isolated[i..].iter().enumerate().take_while(|(j, (s, f))| s.id == st.id && *f == f0 + j).count();
+            let slot0 = next_slot;
+            next_slot += k;
+            i += k;
+            for (j, m) in self.move_span(&st, f0, k, staging, slot0).into_iter().enumerate() {
+                let (f, slot) = (f0 + j, slot0 + j);
+                let Moved { present, stuck, shared: is_shared } = m;
+                staging.mark(slot, &present);
+                if stuck && !present.contains(&true) {
+                    // Nothing could move (mlocked, pinned, shared): it stays
+                    // resident.
+                    self.finish(&st, f, |_| {
+                        st.set_folio(f, Folio::Resident);
+                        self.resident.fetch_add(1, Ordering::Relaxed);
+                    });
+                    if is_shared {
+                        shared.push((Arc::clone(&st), f));
+                        continue;
+                    }
+                    // Off the lists (as the kernel's unevictable LRU) until
+                    // reclaim looks again, now and then: it may be unlocked.
+                    st.queued[f].store(true, Ordering::Release);
+                    self.lru.lock_ok().unevictable.push((Arc::clone(&st), f));
+                    self.lru_len.fetch_add(1, Ordering::Relaxed);
+                    inc(&self.counters.unevictable_folios);
+                    pass.unevictable += 1;
                     continue;
                 }
-                // Looked at again only after a trip round the lists.
-                // Off the lists (as the kernel's unevictable LRU) until
-                // reclaim looks again, now and then: it may be unlocked.
-                st.queued[f].store(true, Ordering::Release);
-                self.lru.lock_ok().unevictable.push((Arc::clone(&st), f));
-                self.lru_len.fetch_add(1, Ordering::Relaxed);
-                inc(&self.counters.unevictable_folios);
-                pass.unevictable += 1;
-                continue;
+                moved.push((Arc::clone(&st), f, slot, present));
             }
-            moved.push((st, f, present));
         }
         let n = moved.len();
-        for (slot, (st, f, present)) in moved.iter().enumerate() {
+        for (st, f, slot, present) in &moved {
+            let slot = *slot;
             // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
             let run_data = |p: usize, n: usize| staging.run(slot, p, n);
@@ -354,7 +367,9 @@ impl Inner {
         }
     }
 
-    /// MOVEs folio `f` (Folio::Evicting) to slot `slot` of staging.
+    /// MOVEs folios `[f, f + k)` (all Folio::Evicting) to slots
+    /// `[slot, slot + k)` of staging: one MOVE per run of pages between the
+    /// program's holes. Returns what moved of each folio.
     ///
     /// The kernel's count of what moved is not the last word. Linux 6.18's
     /// `move_pages()` keeps a stale `-EAGAIN` from a retry inside the ioctl
@@ -363,16 +378,18 @@ impl Inner {
     /// fails with EEXIST on the page that just moved. Trusting the count
     /// leaves pages in staging that no entry holds, and the program later
     /// reads zeros there. So after any MOVE that failed or came up short,
-    /// which pages moved is read from the slot's page tables: the slot was
-    /// empty before, so what it holds now is what moved.
-    pub(super) fn move_folio(&self, st: &RegionState, f: usize, staging: &Staging, slot: usize) -> Moved {
+    /// which pages moved is read from the slots' page tables: the slots
+    /// were empty before, so what they hold now is what moved.
+    pub(super) fn move_span(&self, st: &RegionState, f: usize, k: usize, staging: &Staging, slot: usize) -> Vec<Moved> {
         let fs = self.cfg.folio_size as u64;
         let ppf = fs as usize / PAGE_SIZE;
+        let span = fs * k as u64;
         let dst = staging.slot_addr(slot);
-        let mut present = vec![false; ppf];
-        // Pages whose MOVE failed with an error other than EAGAIN.
-        let mut failed = vec![false; ppf];
-        let mut shared = false;
+        let mut present = vec![false; k * ppf];
+        // Pages whose MOVE failed with an error other than EAGAIN, and
+        // which of them failed because they are shared (EBUSY).
+        let mut failed = vec![false; k * ppf];
+        let mut busy = vec![false; k * ppf];
         let mut recount = false;
         // Never MOVE from what the program unmapped: the kernel may have put
         // someone else's pages there since (a brk heap shrunk and grown
@@ -386,19 +403,19 @@ impl Inner {
         // an UNMAP, the program grew its heap back over the range and wrote
         // there, and this MOVE took the new pages (they read as zeros).
         let mut events = self.events.lock_ok();
-        let mut holes = st.holes_in(f * ppf, ppf);
+        let mut holes = st.holes_in(f * ppf, k * ppf);
         if !self.cfg.inject_move_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_move_delay);
         }
         let mut off = 0u64;
-        while off < fs {
+        while off < span {
             let hole = |off: u64| holes.as_ref().is_some_and(|h| h[off as usize / PAGE_SIZE]);
             if hole(off) {
                 off += PAGE_SIZE as u64;
                 continue;
             }
             // Up to the next hole.
-            let run_end = (off..fs).step_by(PAGE_SIZE).find(|&o| hole(o)).unwrap_or(fs);
+            let run_end = (off..span).step_by(PAGE_SIZE).find(|&o| hole(o)).unwrap_or(span);
             // Read the address each time: a REMAP may move the region.
             let src = st.start.load(Ordering::Acquire) + f as u64 * fs;
             let page = off as usize / PAGE_SIZE;
@@ -418,12 +435,12 @@ impl Inner {
                     drop(events);
                     std::thread::sleep(Duration::from_micros(20));
                     events = self.events.lock_ok();
-                    holes = st.holes_in(f * ppf, ppf);
+                    holes = st.holes_in(f * ppf, k * ppf);
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays;
                 // or one that moved uncounted (EEXIST), found below.
                 Err(e) => {
-                    shared |= matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::BUSY, .. });
+                    busy[page] = matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::BUSY, .. });
                     failed[page] = true;
                     recount = true;
                     off += PAGE_SIZE as u64;
@@ -432,15 +449,20 @@ impl Inner {
         }
         drop(events);
         if recount {
-            if let Some(occupied) = staging.occupied(slot) {
+            if let Some(occupied) = staging.occupied(slot, k) {
                 if occupied != present {
                     inc(&self.counters.move_recounts);
                 }
                 present = occupied;
             }
         }
-        let stuck = failed.iter().zip(&present).any(|(&x, &moved)| x && !moved);
-        Moved { present, stuck, shared }
+        (0..k)
+            .map(|j| {
+                let r = j * ppf..(j + 1) * ppf;
+                let stuck = failed[r.clone()].iter().zip(&present[r.clone()]).any(|(&x, &moved)| x && !moved);
+                Moved { present: present[r.clone()].to_vec(), stuck, shared: busy[r].contains(&true) }
+            })
+            .collect()
     }
 
     /// Ends an eviction of folio `f` under its stripe lock: `done` gets the
@@ -465,7 +487,7 @@ impl Inner {
     }
 }
 
-/// What [`Inner::move_folio`] did.
+/// What [`Inner::move_span`] did to one folio.
 pub(super) struct Moved {
     /// The pages that moved.
     pub(super) present: Vec<bool>,

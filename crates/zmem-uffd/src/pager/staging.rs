@@ -48,10 +48,11 @@ impl Staging {
         self.pagemap.as_ref()?.mapped(addr, n).map_err(|e| log::warn!("{e}")).ok()
     }
 
-    /// Which pages of slot `slot` hold a page now, from the page tables
-    /// (one `pread` of `/proc/self/pagemap`); `None` if they cannot be read.
-    pub(super) fn occupied(&self, slot: usize) -> Option<Vec<bool>> {
-        self.mapped(self.slot_addr(slot), self.folio / PAGE_SIZE)
+    /// Which pages of slots `[slot, slot + n)` hold a page now, from the
+    /// page tables (one `pread` of `/proc/self/pagemap`); `None` if they
+    /// cannot be read.
+    pub(super) fn occupied(&self, slot: usize, n: usize) -> Option<Vec<bool>> {
+        self.mapped(self.slot_addr(slot), n * self.folio / PAGE_SIZE)
     }
 
     /// Where slot `slot` starts.
