@@ -46,7 +46,7 @@ use zmem_common::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
 
 use super::fault::Served;
-use super::region::FOLIO_TABLE_BYTES;
+use super::region::{Within, FOLIO_TABLE_BYTES};
 use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
 use crate::mapping::PAGE_SIZE;
@@ -80,16 +80,8 @@ impl Pager {
     pub fn prepare_remap(&self, addr: u64, len: usize) {
         let inner = &self.inner;
         let (lo, hi) = (addr, addr + len as u64);
-        let split: Vec<_> = inner
-            .regions_in(lo, hi)
-            .into_iter()
-            .filter(|st| {
-                let base = st.start.load(Ordering::Acquire);
-                let parts = st.mapped_parts();
-                parts.iter().any(|&(a, b)| base + (a as u64) < hi && base + b as u64 > lo)
-                    && !parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi)
-            })
-            .collect();
+        let split: Vec<_> =
+            inner.regions_in(lo, hi).into_iter().filter(|st| st.mapped_in(lo, hi) == Within::Part).collect();
         if split.is_empty() {
             return;
         }
@@ -206,10 +198,7 @@ impl Inner {
             // mappings are recorded before a scan can see them, but a
             // mapping the program changes while it is listed (an arena
             // growing) can show up twice, and registering is harmless.
-            let taken = regions.values().any(|r| {
-                let base = r.start.load(Ordering::Acquire);
-                r.mapped_parts().iter().any(|&(a, b)| base + (a as u64) < addr + len as u64 && base + b as u64 > addr)
-            });
+            let taken = regions.values().any(|r| r.mapped_in(addr, addr + len as u64) != Within::Nothing);
             if taken {
                 self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
                 log::debug!("not adopting {addr:#x}+{len:#x}: a region has part of it");

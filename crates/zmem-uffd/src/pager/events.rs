@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zmem_common::{LockExt, RwLockExt};
 
+use super::region::Within;
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
 use crate::mapping::PAGE_SIZE;
@@ -118,14 +119,14 @@ impl Inner {
         self.forget_early_adoptions(to, to + len);
         for st in self.regions_in(from, from + len) {
             let base = st.start.load(Ordering::Acquire);
-            let parts = st.mapped_parts();
             let (lo, hi) = (from, from + len);
-            if !parts.iter().any(|&(a, b)| base + (a as u64) < hi && base + b as u64 > lo) {
+            let inside = match st.mapped_in(lo, hi) {
                 // Only a hole of this region lies there (the region that
                 // moved lives in it).
-                continue;
-            }
-            let inside = parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi);
+                Within::Nothing => continue,
+                Within::Part => false,
+                Within::All => true,
+            };
             let mut regions = self.regions.write_ok();
             let new = (base + to).checked_sub(from);
             log::debug!(
@@ -169,7 +170,7 @@ impl Inner {
         for st in self.regions_in(to, end) {
             let base = st.start.load(Ordering::Acquire);
             let (a, b) = (to.max(base), end.min(base + st.len as u64));
-            if a >= b || !st.mapped_parts().iter().any(|&(x, y)| base + (x as u64) < b && base + y as u64 > a) {
+            if a >= b || st.mapped_in(a, b) == Within::Nothing {
                 continue;
             }
             log::debug!("region {} at {base:#x} was adopted from a mapping mremap moved: {a:#x}..{b:#x} left", st.id);

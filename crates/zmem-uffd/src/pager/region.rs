@@ -171,6 +171,20 @@ impl RegionState {
         self.has_holes.store(true, Ordering::Release);
     }
 
+    /// How much of what the region maps (outside its holes) lies in
+    /// `[lo, hi)` (addresses, where the region is now).
+    pub(super) fn mapped_in(&self, lo: u64, hi: u64) -> Within {
+        let base = self.start.load(Ordering::Acquire);
+        let parts = self.mapped_parts();
+        if !parts.iter().any(|&(a, b)| base + (a as u64) < hi && base + b as u64 > lo) {
+            Within::Nothing
+        } else if parts.iter().all(|&(a, b)| base + a as u64 >= lo && base + b as u64 <= hi) {
+            Within::All
+        } else {
+            Within::Part
+        }
+    }
+
     /// The parts of the region (offsets) the program has not unmapped.
     pub(super) fn mapped_parts(&self) -> Vec<(usize, usize)> {
         let mut holes = self.unmapped.lock_ok().clone();
@@ -189,6 +203,17 @@ impl RegionState {
     pub(super) fn swap_folio(&self, f: usize, s: Folio) -> Folio {
         Folio::from_u8(self.state[f].swap(s as u8, Ordering::AcqRel))
     }
+}
+
+/// What [`RegionState::mapped_in`] finds of a region in a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Within {
+    /// Only holes of the region, or none of it.
+    Nothing,
+    /// Some of what it maps, not all.
+    Part,
+    /// All of what it maps.
+    All,
 }
 
 /// Whether an ioctl over `len` bytes failed because the range is not within
