@@ -329,9 +329,12 @@ impl Tier {
         if in_swap {
             shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
         }
+        if fresh {
+            // Under the shard lock, as `release`'s decrement: never below zero.
+            inc(&self.counters.cached_pages, 1);
+        }
         drop(shard);
         if fresh {
-            inc(&self.counters.cached_pages, 1);
             self.clean.push([(key, id)]);
             self.tidy_clean();
         }

@@ -155,15 +155,26 @@ impl Tier {
             let s = s.expect("every page was stored");
             let e = Entry { id: first_id + i as u64, pool: pool.id, stored: s, referenced: true, cached: false };
             let k = key.wrapping_add(i as u64);
+            let c = &self.counters;
+            let mut shard = self.tree.lock(k);
+            // The gauges go up under the shard lock, before the entry is
+            // seen: an invalidate takes them down under the same lock, so
+            // they never wrap below zero (`entry_metadata_bytes` adds them).
+            inc(&c.stored_pages, 1);
             match s {
-                Stored::SameFilled(_) => same += 1,
+                Stored::SameFilled(_) => {
+                    same += 1;
+                    inc(&c.same_filled_pages, 1);
+                }
                 Stored::Pool { len, .. } => {
-                    raw += usize::from(len as usize == PAGE_SIZE);
+                    if len as usize == PAGE_SIZE {
+                        raw += 1;
+                        inc(&c.stored_incompressible_pages, 1);
+                    }
                     lru_items.push((k, e.id));
                 }
                 Stored::Swap { .. } => unreachable!("stores never go straight to swap"),
             }
-            let mut shard = self.tree.lock(k);
             let old = shard.insert(k, e, &pool);
             let dropped = old.and_then(|o| self.release(&mut shard, o));
             drop(shard);
@@ -171,9 +182,6 @@ impl Tier {
         }
         self.lru.push(lru_items);
         let c = &self.counters;
-        inc(&c.stored_pages, (n - nreused) as u64);
-        inc(&c.same_filled_pages, same as u64);
-        inc(&c.stored_incompressible_pages, raw as u64);
         inc(&c.zswpout, (n - nreused) as u64);
         inc(&c.cached_reused, nreused as u64);
         Ok(StoreOutcome::Stored { same_filled: same, incompressible: raw })

@@ -120,15 +120,19 @@ impl Tier {
                     debug_assert!(r.is_ok(), "{r:?}");
                 }
             });
+            if r.is_ok() {
+                // Under the shard lock, as invalidate's: never below zero.
+                dec(&self.counters.stored_pages, 1);
+                inc(&self.counters.swap_pages, 1);
+                if raw {
+                    dec(&self.counters.stored_incompressible_pages, 1);
+                }
+            }
             drop(shard);
             match r {
                 Ok(dropped) => {
                     drop(dropped);
                     written += 1;
-                    dec(&self.counters.stored_pages, 1);
-                    if raw {
-                        dec(&self.counters.stored_incompressible_pages, 1);
-                    }
                 }
                 // Loaded, invalidated or stored again while we wrote: the
                 // slot holds nothing anyone needs.
@@ -138,7 +142,6 @@ impl Tier {
             }
         }
         inc(&self.counters.written_back_pages, written as u64);
-        inc(&self.counters.swap_pages, written as u64);
         pass.written = written;
         pass
     }
