@@ -37,7 +37,7 @@ pub enum Stored {
 ///   nothing; the shrinker frees a cached entry instead of writing it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
-    pub id: u64,
+    pub id: u32,
     pub pool: u32,
     pub stored: Stored,
     pub referenced: bool,

@@ -70,15 +70,38 @@ pub use zmem_compress::CodecSpec;
 use stats::{dec, Counters};
 use tree::{Shard, Tree};
 
-/// The tree's memory for `entries` entries, `cached` of them cached: a
-/// hash-map slot is its pair plus about a control byte, and a cached entry
-/// may have a page hash beside it.
-fn tree_bytes(entries: usize, cached: usize) -> usize {
-    entries * (std::mem::size_of::<(u64, Entry)>() + 8) + cached * (std::mem::size_of::<(u64, (u64, u128))>() + 8)
-}
-
 /// A locked shard of the tier's tree.
 type ShardGuard<'a> = sync::MutexGuard<'a, Shard<Arc<Pool>>>;
+
+/// Locks the shard of each key of a run in turn, keeping the lock while the
+/// keys stay in one shard (a folio's do: see [`tree::BLOCK`]). Never holds
+/// two shards. Pools an entry's release gives back are dropped by the
+/// caller after [`unlock`](Self::unlock), as with a plain shard lock.
+pub(crate) struct Cursor<'a> {
+    tree: &'a Tree<Arc<Pool>>,
+    cur: Option<(usize, ShardGuard<'a>)>,
+}
+
+impl<'a> Cursor<'a> {
+    pub(crate) fn new(tree: &'a Tree<Arc<Pool>>) -> Self {
+        Cursor { tree, cur: None }
+    }
+
+    /// The shard of `key`, locked.
+    pub(crate) fn lock(&mut self, key: u64) -> &mut Shard<Arc<Pool>> {
+        let i = Tree::<Arc<Pool>>::shard_of(key);
+        if self.cur.as_ref().is_none_or(|(j, _)| *j != i) {
+            // The old guard goes first: never two shards at once.
+            self.cur = None;
+            self.cur = Some((i, self.tree.lock_shard(i)));
+        }
+        &mut self.cur.as_mut().expect("just set").1
+    }
+
+    pub(crate) fn unlock(&mut self) {
+        self.cur = None;
+    }
+}
 
 /// The largest folio one store takes (2 MiB).
 pub const MAX_FOLIO_PAGES: usize = 512;
@@ -203,13 +226,20 @@ impl Tier {
     /// # Errors
     /// As [`set_compressor`](Self::set_compressor).
     pub fn set_batch_compressor(&self, c: Arc<dyn BatchCompressor>) -> Result<(), TierError> {
-        let id = self.next_pool_id.fetch_add(1, Ordering::Relaxed);
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|w| w.strong_count() > 0);
+        // An entry has 15 bits for its pool's id: ids wrap, skipping those
+        // of pools still alive (one per switch whose entries are not all
+        // gone yet).
+        let id = loop {
+            let id = self.next_pool_id.fetch_add(1, Ordering::Relaxed) & tree::MAX_POOL_ID;
+            if !pools.iter().any(|w| w.upgrade().is_some_and(|p| p.id == id)) {
+                break id;
+            }
+        };
         let pool = Arc::new(Pool::new(id, c, self.cfg.zs, Arc::clone(&self.mempool), Arc::clone(&self.group_pages))?);
-        {
-            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-            pools.retain(|w| w.strong_count() > 0);
-            pools.push(Arc::downgrade(&pool));
-        }
+        pools.push(Arc::downgrade(&pool));
+        drop(pools);
         let old = std::mem::replace(&mut *self.current.write().unwrap_or_else(|e| e.into_inner()), pool);
         drop(old);
         Ok(())
@@ -220,14 +250,13 @@ impl Tier {
         self.group_pages.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
-    /// A cheap estimate of the memory the tier's entries take: a tree entry
-    /// per page stored (in the pool, same-filled or in the swap file), and
-    /// the page hashes of cached entries (the pools' own metadata is
-    /// counted by [`TierStats::memory_bytes`]).
+    /// The memory the tier's entries take, counted as it is allocated: the
+    /// tree's blocks (16 bytes per entry, [`tree::BLOCK`] entries to a
+    /// block), the page hashes of cached swap entries, and the LRU lists'
+    /// items (the pools' own metadata is counted by
+    /// [`TierStats::memory_bytes`]).
     pub fn entry_metadata_bytes(&self) -> usize {
-        let c = &self.counters;
-        let entries = c.stored_pages.load(Ordering::Relaxed) + c.swap_pages.load(Ordering::Relaxed);
-        tree_bytes(entries as usize, c.cached_pages.load(Ordering::Relaxed) as usize)
+        self.tree.bytes() + self.lru.bytes() + self.clean.bytes()
     }
 
     pub(crate) fn writeback_enabled(&self) -> bool {
@@ -251,7 +280,6 @@ impl Tier {
                 if len as usize == PAGE_SIZE {
                     dec(&c.stored_incompressible_pages, 1);
                 }
-                self.lru.note_stale(1);
             }
             Stored::Swap { .. } => dec(&c.swap_pages, 1),
         }
@@ -291,8 +319,7 @@ impl Tier {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let pools = self.live_pools();
         let pool_meta: usize = pools.iter().map(|p| p.zs.metadata_bytes()).sum();
-        let entries: usize = (0..tree::SHARDS).map(|i| self.tree.lock_shard(i).len()).sum();
-        let tree_bytes = tree_bytes(entries, c.cached_pages.load(Ordering::Relaxed) as usize);
+        let tree_bytes = self.entry_metadata_bytes();
         let swap_meta = self.swap.as_ref().map_or(0, SwapFile::metadata_bytes);
         TierStats {
             stored_pages: r(&c.stored_pages),

@@ -6,15 +6,15 @@ use zmem_zsmalloc::PAGE_SIZE;
 use std::sync::Arc;
 
 use crate::stats::inc;
-use crate::tree::Shard;
-use crate::ShardGuard;
+use crate::tree::{Shard, BLOCK};
+use crate::{Cursor, ShardGuard};
 use crate::{Entry, Pool, Stored, Tier, TierError};
 
 /// A page [`Tier::load_many`] took an object for.
 struct Taken {
     page: usize,
     /// The entry's id when taken.
-    id: u64,
+    id: u32,
     /// The pool whose compressor expands the object.
     pool: Option<Arc<Pool>>,
     /// The object: `objs[at..at + len]`.
@@ -92,7 +92,7 @@ impl Tier {
             return Err(TierError::BadFolio { len: dst.len() });
         }
         let mut shard = self.tree.lock(key);
-        let Some(e) = shard.get(key).copied() else { return Ok(LoadOutcome::NotFound) };
+        let Some(e) = shard.get(key) else { return Ok(LoadOutcome::NotFound) };
         let r = match e.stored {
             Stored::SameFilled(v) => {
                 fill(dst, v);
@@ -138,10 +138,13 @@ impl Tier {
         let mut taken: Vec<Taken> = Vec::with_capacity(n);
         // (slot, offset, at, len, index in `taken`) of the swap file's objects.
         let mut reads: Vec<(zmem_swapfile::Slot, u16, usize, usize, usize)> = Vec::new();
+        // A folio's keys share a shard: one lock for all of them.
+        let mut cursor = Cursor::new(&self.tree);
+        let mut dropped = Vec::new();
         for (i, page) in dst.chunks_exact_mut(PAGE_SIZE).enumerate() {
             let k = key.wrapping_add(i as u64);
-            let mut shard = self.tree.lock(k);
-            let Some(e) = shard.get(k).copied() else {
+            let shard = cursor.lock(k);
+            let Some(e) = shard.get(k) else {
                 out.push(Ok(LoadOutcome::NotFound));
                 continue;
             };
@@ -149,9 +152,7 @@ impl Tier {
             let len = match e.stored {
                 Stored::SameFilled(v) => {
                     fill(page, v);
-                    let dropped = self.loaded(&mut shard, k);
-                    drop(shard);
-                    drop(dropped);
+                    dropped.extend(self.loaded(shard, k));
                     out.push(Ok(LoadOutcome::Loaded));
                     continue;
                 }
@@ -172,11 +173,12 @@ impl Tier {
                 }
                 Stored::Swap { .. } => unreachable!("swap entries exist only with a swap file"),
             };
-            drop(shard);
             taken.push(Taken { page: i, id: e.id, pool, at: used, len });
             used += len;
             out.push(Ok(LoadOutcome::Loaded));
         }
+        cursor.unlock();
+        drop(dropped);
         if taken.is_empty() {
             return out;
         }
@@ -253,11 +255,12 @@ impl Tier {
         }
         // Commit: free each entry that is still the one taken.
         let mut again = Vec::new();
+        let mut cursor = Cursor::new(&self.tree);
+        let mut dropped = Vec::new();
         for tk in &taken {
             let k = key.wrapping_add(tk.page as u64);
-            let mut shard = self.tree.lock(k);
+            let shard = cursor.lock(k);
             if shard.get(k).is_none_or(|e| e.id != tk.id) {
-                drop(shard);
                 again.push(tk.page);
                 continue;
             }
@@ -266,10 +269,10 @@ impl Tier {
                 out[tk.page] = Err(err);
                 continue;
             }
-            let dropped = self.loaded(&mut shard, k);
-            drop(shard);
-            drop(dropped);
+            dropped.extend(self.loaded(shard, k));
         }
+        cursor.unlock();
+        drop(dropped);
         drop(taken);
         for i in again {
             let page = pages[i].take().expect("each page once");
@@ -288,7 +291,7 @@ impl Tier {
             let e = shard.remove(key).expect("looked up under the same lock");
             self.release(shard, e)
         } else {
-            if let Some(e) = shard.get_mut(key) {
+            if let Some(mut e) = shard.get_mut(key) {
                 e.referenced = true;
             }
             None
@@ -308,7 +311,7 @@ impl Tier {
     /// entry was kept.
     pub fn retain_clean(&self, key: u64, page: &[u8], keep_pool: bool) -> bool {
         let mut shard = self.tree.lock(key);
-        let Some(e) = shard.get_mut(key) else { return false };
+        let Some(e) = shard.get(key) else { return false };
         let keep = match e.stored {
             // Past half the swap file, slots are worth more than the
             // compressions a kept entry may save (do_swap_page frees the
@@ -322,10 +325,12 @@ impl Tier {
             return false;
         }
         let fresh = !e.cached;
-        e.cached = true;
-        // A second trip round the LRU from now, as a store.
-        e.referenced = true;
-        let (id, in_swap) = (e.id, !e.in_pool());
+        if let Some(mut m) = shard.get_mut(key) {
+            m.cached = true;
+            // A second trip round the LRU from now, as a store.
+            m.referenced = true;
+        }
+        let in_swap = !e.in_pool();
         if in_swap {
             shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
         }
@@ -335,7 +340,7 @@ impl Tier {
         }
         drop(shard);
         if fresh {
-            self.clean.push([(key, id)]);
+            self.clean.push([key / BLOCK as u64]);
             self.tidy_clean();
         }
         true
@@ -344,10 +349,8 @@ impl Tier {
     /// Keeps the clean list within twice the cached entries (items of
     /// entries reused or dropped stay behind until popped).
     fn tidy_clean(&self) {
-        let len = self.clean.len();
-        let cached = self.counters.cached_pages.load(std::sync::atomic::Ordering::Relaxed) as usize;
-        if len > 4096 && len > 2 * cached {
-            self.clean.rebuild(|k, id| self.tree.lock(k).get(k).is_some_and(|e| e.id == id && e.cached));
+        if self.clean.needs_rebuild() {
+            self.clean.rebuild(|b| self.block_has(b, |e| e.cached));
         }
     }
 
@@ -358,15 +361,25 @@ impl Tier {
     pub(crate) fn drop_clean(&self, target: usize) -> usize {
         let mut done = 0;
         while self.pool_total_size() > target {
-            let items = self.clean.pop_cold(64);
+            let items = self.clean.pop_cold(4);
             if items.is_empty() {
                 break;
             }
-            for (k, id) in items {
-                let shard = self.tree.lock(k);
-                if shard.get(k).is_some_and(|e| e.id == id && e.cached) {
-                    done += usize::from(self.free_locked(shard, k));
+            for b in items {
+                let first = b * BLOCK as u64;
+                let mut cursor = Cursor::new(&self.tree);
+                let mut dropped = Vec::new();
+                for k in first..first + BLOCK as u64 {
+                    let shard = cursor.lock(k);
+                    if shard.get(k).is_some_and(|e| e.cached) {
+                        if let Some(e) = shard.remove(k) {
+                            dropped.extend(self.release(shard, e));
+                            done += 1;
+                        }
+                    }
                 }
+                cursor.unlock();
+                drop(dropped);
             }
             if done > 0 && target > 0 && self.pool_total_size() > target {
                 self.compact();

@@ -7,7 +7,8 @@ use zmem_compress::CompressError;
 use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::stats::{dec, inc};
-use crate::{Entry, Pool, Stored, Tier, TierError, MAX_FOLIO_PAGES};
+use crate::tree::BLOCK;
+use crate::{Cursor, Entry, Pool, Stored, Tier, TierError, MAX_FOLIO_PAGES};
 
 /// Why a store was rejected (each has its counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub enum StoreOutcome {
 static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
 const ID_BLOCK: u64 = 1024;
 
-fn next_ids(n: usize) -> u64 {
+fn next_ids(n: usize) -> u32 {
     thread_local!(static IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
     IDS.with(|c| {
         let (mut next, mut end) = c.get();
@@ -45,7 +46,10 @@ fn next_ids(n: usize) -> u64 {
             end = next + take;
         }
         c.set((next + n as u64, end));
-        next
+        // An entry keeps 32 bits of its id (`tree::Packed`): a writeback or
+        // LRU item would mistake a new entry for the one it picked only if
+        // 2^32 stores came between.
+        next as u32
     })
 }
 
@@ -148,18 +152,27 @@ impl Tier {
         let first_id = next_ids(n);
         let mut lru_items = Vec::with_capacity(todo.len());
         let (mut same, mut raw) = (0, 0);
+        // A folio's keys share a shard: one lock for all of them.
+        let mut cursor = Cursor::new(&self.tree);
+        let mut dropped = Vec::new();
         for (i, s) in stored.into_iter().enumerate() {
             if reused[i] {
                 continue;
             }
             let s = s.expect("every page was stored");
-            let e = Entry { id: first_id + i as u64, pool: pool.id, stored: s, referenced: true, cached: false };
+            let e = Entry {
+                id: first_id.wrapping_add(i as u32),
+                pool: pool.id,
+                stored: s,
+                referenced: true,
+                cached: false,
+            };
             let k = key.wrapping_add(i as u64);
             let c = &self.counters;
-            let mut shard = self.tree.lock(k);
+            let shard = cursor.lock(k);
             // The gauges go up under the shard lock, before the entry is
             // seen: an invalidate takes them down under the same lock, so
-            // they never wrap below zero (`entry_metadata_bytes` adds them).
+            // they never wrap below zero.
             inc(&c.stored_pages, 1);
             match s {
                 Stored::SameFilled(_) => {
@@ -171,15 +184,15 @@ impl Tier {
                         raw += 1;
                         inc(&c.stored_incompressible_pages, 1);
                     }
-                    lru_items.push((k, e.id));
+                    lru_items.push(k / BLOCK as u64);
                 }
                 Stored::Swap { .. } => unreachable!("stores never go straight to swap"),
             }
             let old = shard.insert(k, e, &pool);
-            let dropped = old.and_then(|o| self.release(&mut shard, o));
-            drop(shard);
-            drop(dropped);
+            dropped.extend(old.and_then(|o| self.release(shard, o)));
         }
+        cursor.unlock();
+        drop(dropped);
         self.lru.push(lru_items);
         let c = &self.counters;
         inc(&c.zswpout, (n - nreused) as u64);
@@ -241,7 +254,7 @@ impl Tier {
     fn reuse_cached(&self, key: u64, page: &[u8]) -> bool {
         thread_local!(static EXPANDED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
         let mut shard = self.tree.lock(key);
-        let Some(e) = shard.get(key).copied().filter(|e| e.cached) else { return false };
+        let Some(e) = shard.get(key).filter(|e| e.cached) else { return false };
         let same = match e.stored {
             Stored::Pool { .. } => {
                 let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
@@ -258,7 +271,7 @@ impl Tier {
             return false;
         }
         shard.clear_sum(key);
-        let e = shard.get_mut(key).expect("looked up under the same lock");
+        let mut e = shard.get_mut(key).expect("looked up under the same lock");
         e.cached = false;
         e.referenced = true;
         dec(&self.counters.cached_pages, 1);

@@ -6,7 +6,8 @@ use zmem_common::LockExt;
 use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::stats::{dec, inc};
-use crate::{Stored, Tier};
+use crate::tree::BLOCK;
+use crate::{Entry, Stored, Tier};
 
 impl Tier {
     /// Writes back up to `nr` of the coldest pool entries now, whatever the
@@ -34,43 +35,51 @@ impl Tier {
         let mut pass = Pass::default();
         let Some(sf) = self.swap.as_ref().filter(|_| self.cfg.writeback) else { return pass };
         if self.lru.needs_rebuild() {
-            self.lru.rebuild(|k, id| self.tree.lock(k).get(k).is_some_and(|e| e.id == id && e.in_pool()));
+            self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
         }
         scratch.resize(max * PAGE_SIZE, 0);
         // (key, id), and where in `scratch` the object was copied.
-        let mut victims: Vec<(u64, u64)> = Vec::with_capacity(max);
+        let mut victims: Vec<(u64, u32)> = Vec::with_capacity(max);
         let mut objs: Vec<(usize, usize)> = Vec::with_capacity(max);
         let mut used = 0;
+        // Blocks whose entries got a second chance: back at the hot end.
         let mut rotate = Vec::new();
+        let mut dropped = Vec::new();
         let mut scanned = 0;
         while victims.len() < max && scanned < max * 8 {
-            let items = self.lru.pop_cold(max - victims.len());
-            if items.is_empty() {
-                break;
-            }
-            for (key, id) in items {
-                scanned += 1;
-                pass.scanned += 1;
-                let mut shard = self.tree.lock(key);
-                let Some(e) = shard.get_mut(key) else { continue };
-                if e.id != id || !e.in_pool() {
-                    continue; // a stale LRU item
+            let Some(&b) = self.lru.pop_cold(1).first() else { break };
+            scanned += 1;
+            pass.scanned += 1;
+            let first = b * BLOCK as u64;
+            let mut shard = self.tree.lock(first);
+            let (mut second, mut unfinished) = (false, false);
+            for key in first..first + BLOCK as u64 {
+                let Some(e) = shard.get(key) else { continue };
+                if !e.in_pool() {
+                    continue;
                 }
                 if e.cached {
                     // A clean copy of a page that is mapped: free, not
                     // written (the page is stored again when evicted).
-                    self.free_locked(shard, key);
+                    if let Some(e) = shard.remove(key) {
+                        dropped.extend(self.release(&mut shard, e));
+                    }
                     inc(&self.counters.cached_dropped, 1);
                     pass.dropped += 1;
                     continue;
                 }
                 if e.referenced {
                     // Second chance, as shrink_memcg_cb gives.
-                    e.referenced = false;
-                    rotate.push((key, id));
+                    if let Some(mut m) = shard.get_mut(key) {
+                        m.referenced = false;
+                    }
+                    second = true;
                     continue;
                 }
-                let e = *e;
+                if victims.len() == max {
+                    unfinished = true;
+                    continue;
+                }
                 let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
                 let Stored::Pool { handle, len } = e.stored else { unreachable!("checked in_pool") };
                 let len = len as usize;
@@ -79,17 +88,25 @@ impl Tier {
                 });
                 match copied {
                     Ok(()) => {
-                        victims.push((key, id));
+                        victims.push((key, e.id));
                         objs.push((used, len));
                         used += len;
                     }
                     Err(_) => {
                         inc(&self.counters.decompress_fail, 1);
-                        rotate.push((key, id));
+                        second = true;
                     }
                 }
             }
+            drop(shard);
+            if unfinished {
+                // The next pass goes on with this block.
+                self.lru.push_cold(&[b]);
+            } else if second {
+                rotate.push(b);
+            }
         }
+        drop(dropped);
         self.lru.push(rotate);
         if victims.is_empty() {
             return pass;
@@ -100,7 +117,9 @@ impl Tier {
             Err(_) => {
                 // ENOSPC, EIO, no bounce pages: the entries stay in the pool.
                 inc(&self.counters.reject_reclaim_fail, victims.len() as u64);
-                self.lru.push_cold(&victims);
+                let mut blocks: Vec<u64> = victims.iter().map(|&(k, _)| k / BLOCK as u64).collect();
+                blocks.dedup();
+                self.lru.push_cold(&blocks);
                 // Slots that cached entries keep are worth more to the
                 // next writeback than the compressions they may save.
                 self.drop_clean(0);
@@ -144,6 +163,15 @@ impl Tier {
         inc(&self.counters.written_back_pages, written as u64);
         pass.written = written;
         pass
+    }
+}
+
+impl Tier {
+    /// Whether block `b` of the tree holds an entry for which `f` says yes.
+    pub(crate) fn block_has(&self, b: u64, f: impl Fn(&Entry) -> bool) -> bool {
+        let first = b * BLOCK as u64;
+        let shard = self.tree.lock(first);
+        (first..first + BLOCK as u64).any(|k| shard.get(k).is_some_and(|e| f(&e)))
     }
 }
 

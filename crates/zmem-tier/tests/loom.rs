@@ -28,7 +28,7 @@ struct Freed {
     slot: AtomicUsize,
 }
 
-fn entry(id: u64, h: u64) -> Entry {
+fn entry(id: u32, h: u64) -> Entry {
     Entry {
         id,
         pool: 0,
@@ -83,7 +83,7 @@ fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
         other.join().unwrap();
 
         let mut shard = tree.lock(KEY);
-        let fin = shard.get(KEY).copied();
+        let fin = shard.get(KEY);
         assert_eq!(freed.old_obj.load(Ordering::SeqCst), 1, "the old object is freed exactly once");
         let slot_freed = freed.slot.load(Ordering::SeqCst);
         match fin {
