@@ -3,6 +3,7 @@
 //! (`__libc_*`); with any other allocator everything goes to it (`next.rs`).
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use zmem_common::RwLockExt;
 
@@ -48,6 +49,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// stays glibc's: the chunk's pages are adopted, nothing else; its `free`
 /// (an munmap) retires the region, its `realloc` (an mremap) moves it.
 fn adopt_chunk(p: *mut c_void, size: usize) {
+    adopt_brk_growth();
     if p.is_null() || !adopts_chunks(size) {
         return;
     }
@@ -75,6 +77,45 @@ fn adopt_chunk(p: *mut c_void, size: usize) {
             }
         });
     }
+}
+
+/// The program break up to which the main heap's growth was adopted; 0
+/// before the first look.
+static BRK_ADOPTED: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc grows its main heap with an internal `sbrk` that no preload sees,
+/// so a scan found the growth only after the program had filled it:
+/// Python's bytearrays came in 16–25 MiB at a time, over a 40 MiB limit.
+/// So after each of glibc's allocations the break is compared with what
+/// was adopted (`sbrk(0)` returns glibc's cached value: a load, no
+/// syscall), and the growth is adopted in whole folios as soon as there is
+/// one, before the program fills it. The heap's first part is left to the
+/// scan; a heap trimmed back is followed down.
+fn adopt_brk_growth() {
+    if !adopts_chunks(usize::MAX) {
+        return;
+    }
+    // SAFETY: sbrk(0) changes nothing; it returns the current break.
+    let cur = unsafe { libc::sbrk(0) } as usize;
+    if cur == usize::MAX {
+        return;
+    }
+    let Some(s) = current() else { return };
+    let fs = s.settings.folio;
+    let seen = BRK_ADOPTED.load(Ordering::Relaxed);
+    if seen == 0 || cur < seen {
+        let _ = BRK_ADOPTED.compare_exchange(seen, cur.next_multiple_of(PAGE), Ordering::Relaxed, Ordering::Relaxed);
+        return;
+    }
+    let grown = (cur - seen) / fs * fs;
+    if grown == 0 || BRK_ADOPTED.compare_exchange(seen, seen + grown, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        return;
+    }
+    guarded(|| match s.pager.adopt(seen as u64, grown) {
+        Ok(_) => log::debug!("adopted the heap's growth {seen:#x}+{grown:#x}"),
+        // A scan took it first, or part of it.
+        Err(e) => log::debug!("the heap's growth at {seen:#x} was not adopted: {e}"),
+    });
 }
 
 #[no_mangle]
