@@ -734,6 +734,44 @@ fn sequential_faults_load_folios_ahead_with_headroom() {
     }
 }
 
+/// A walk down an evicted region (Python's list_dealloc frees a list's
+/// items last to first) and two walks up interleaved (a list's array and
+/// the objects it points to) each load folios ahead: most folios come in
+/// ahead of a fault, every byte intact.
+#[test]
+fn backward_and_interleaved_walks_load_folios_ahead() {
+    let _wd = watchdog("readahead-streams", 60);
+    let limit = 8 << 20;
+    let p = Pager::new(PagerConfig { read_ahead: 8 << 16, ..PagerConfig::with_limit(limit) }).unwrap();
+    let r = p.map(32 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    let ppf = (64 << 10) / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 5);
+    }
+    // Down: 4 MiB, from its last page to its first.
+    p.reclaim_now();
+    let before = p.stats();
+    let n = (4 << 20) / PAGE_SIZE;
+    let bad: usize = (0..n).rev().map(|pg| check_page(&r, pg, 5)).sum();
+    let s = p.stats();
+    assert_eq!(bad, 0, "{s:?}");
+    let (faults, ahead) = (s.load_faults - before.load_faults, s.readahead_folios - before.readahead_folios);
+    assert!(ahead > faults, "down: {faults} faults, {ahead} folios loaded ahead; {s:?}");
+    // Up, two walks at once: 2 MiB from a quarter in and 2 MiB from half way.
+    p.reclaim_now();
+    let before = p.stats();
+    let (a, b) = (pages / 4, pages / 2);
+    let m = (2 << 20) / PAGE_SIZE;
+    let bad: usize = (0..m).map(|i| check_page(&r, a + i, 5) + check_page(&r, b + i, 5)).sum();
+    let s = p.stats();
+    assert_eq!(bad, 0, "{s:?}");
+    let (faults, ahead) = (s.load_faults - before.load_faults, s.readahead_folios - before.readahead_folios);
+    assert!(faults < (2 * m / ppf) as u64 / 2, "interleaved: {faults} faults, {ahead} ahead; {s:?}");
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 5)).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+}
+
 #[test]
 fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
     let _wd = watchdog("cached", 120);

@@ -13,33 +13,129 @@ use super::{Folio, Inner, RegionState};
 use crate::mapping::PAGE_SIZE;
 use crate::sys::{Event, UffdError};
 
-/// Read-ahead, per handler thread: a fault that loads the folio right
-/// after the last one this handler loaded (in the same region) loads the
-/// next `window` folios too, while the program works on the first: the
-/// COPY woke it, so the two run side by side. The window doubles with each
-/// sequential fault up to `PagerConfig::read_ahead` bytes and starts again at 1 after a
-/// fault elsewhere. A folio is loaded ahead only with headroom under the
-/// high watermark, so read-ahead never makes reclaim run (the kernel's
-/// 64K swap-in thrashed near the limit without such a check), and only if
-/// its stripe lock is free and it is Evicted. Folios loaded ahead are not
-/// referenced: untouched, they are the first to go again.
+/// Read-ahead, per handler thread: a fault that loads the folio right after (or
+/// right before) the last one a stream loaded in the same region loads the next
+/// `window` folios in that direction too, while the program works on the first:
+/// the COPY woke it, so the two run side by side. The window doubles with each
+/// sequential fault up to `PagerConfig::read_ahead` bytes.
 ///
-/// Sequential *write* faults on never-touched folios do the same with
-/// zeros (`zero_ahead_folios`): the next folios that are Never get one COPY
-/// of zeros each (~18 µs for 64K) instead of a fault round trip each
-/// (60–100 µs across vCPUs), as a large anonymous folio would give them in
-/// the kernel. This is allowed up to the limit, not only under the high
-/// watermark: a program filling memory in order at the limit is what it
-/// is for, and a page it is about to write costs the same either way. A
-/// read fault never zero-fills ahead (the zero page costs nothing).
+/// The handler follows [`STREAMS`] streams at once, as the kernel keeps
+/// read-ahead state per open file: a program walking a list reads the list's array
+/// and the objects it points to, two sequences whose faults interleave, and one
+/// state reset by each the other's fault. Going down is a program freeing a
+/// list last to first (Python's exit). A stream that ran to its region's end
+/// goes on at the first folio of the next region faulted (the last, going
+/// down), keeping its window: an allocator's arenas are mappings of their own
+/// (Python's are 1 MiB), and a walk in allocation order goes from one to the
+/// next. A fault that continues no stream starts one, in place of the one used
+/// least recently. A folio is loaded ahead only with headroom under the high
+/// watermark, so read-ahead never makes reclaim run (the kernel's 64K swap-in
+/// thrashed near the limit without such a check), and only if its stripe lock
+/// is free and it is Evicted. Folios loaded ahead are not referenced:
+/// untouched, they are the first to go again.
+///
+/// Sequential *write* faults on never-touched folios do the same with zeros
+/// (`zero_ahead_folios`): the next folios that are Never get one COPY of zeros
+/// each (~18 µs for 64K) instead of a fault round trip each (60–100 µs across
+/// vCPUs), as a large anonymous folio would give them in the kernel. This is
+/// allowed up to the limit, not only under the high watermark: a program
+/// filling memory in order at the limit is what it is for, and a page it is
+/// about to write costs the same either way. A read fault never zero-fills
+/// ahead (the zero page costs nothing).
 #[derive(Debug, Default)]
 pub(super) struct ReadAhead {
+    streams: [Stream; STREAMS],
+    clock: u64,
+}
+
+/// Read-ahead streams a handler follows.
+const STREAMS: usize = 4;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stream {
     region: u32,
-    /// The folio a sequential fault would load next.
-    next: usize,
+    /// The last folio faulted or loaded ahead.
+    last: usize,
+    /// +1 up, -1 down, 0 not known yet (one fault so far).
+    dir: i8,
     window: usize,
-    /// The sequence is of write faults on never-touched folios.
+    /// The sequence is of write faults on never-touched folios (up only).
     zeros: bool,
+    /// The stream ran past its region's end (or start, going down).
+    ended: bool,
+    /// `ReadAhead::clock` when last used.
+    used: u64,
+}
+
+impl Stream {
+    /// Whether a fault on folio `f` of region `id` (of `n` folios) is this
+    /// stream's next, and in which direction.
+    fn continued_by(&self, id: u32, f: usize, n: usize) -> Option<i8> {
+        if self.ended {
+            // A walk goes on from one region to the next faulted.
+            return match self.dir {
+                1 if f == 0 => Some(1),
+                -1 if f + 1 == n => Some(-1),
+                _ => None,
+            };
+        }
+        if self.region != id {
+            None
+        } else if self.dir >= 0 && f == self.last + 1 {
+            Some(1)
+        } else if self.dir <= 0 && !self.zeros && f + 1 == self.last {
+            Some(-1)
+        } else {
+            None
+        }
+    }
+
+    /// The folios to load ahead of fault `f`: the window, in the stream's
+    /// direction, within the region's `n` folios.
+    fn ahead(&self, f: usize, n: usize) -> Vec<usize> {
+        if self.dir > 0 {
+            (f + 1..(f + 1 + self.window).min(n)).collect()
+        } else {
+            (f.saturating_sub(self.window)..f).rev().collect()
+        }
+    }
+
+    /// After loading ahead of fault `f` up to `done` folios of `ahead`.
+    fn advance(&mut self, f: usize, ahead: &[usize], done: usize, n: usize) {
+        self.last = if done == 0 { f } else { ahead[done - 1] };
+        self.ended = if self.dir > 0 { self.last + 1 >= n } else { self.last == 0 };
+    }
+}
+
+impl ReadAhead {
+    /// The stream a fault on folio `f` of region `id` (of `n` folios)
+    /// continues, its window doubled; `None` if it continues none, and
+    /// then a new stream starts at `f`.
+    fn stream(&mut self, id: u32, f: usize, n: usize, zeros: bool, max: usize) -> Option<&mut Stream> {
+        self.clock += 1;
+        let found = self
+            .streams
+            .iter()
+            .enumerate()
+            // Region ids start at 1, and a stream never used has `used` 0.
+            .filter(|(_, s)| s.used > 0 && s.zeros == zeros)
+            .find_map(|(i, s)| s.continued_by(id, f, n).map(|d| (i, d)));
+        let Some((i, dir)) = found else {
+            let lru = (0..STREAMS).min_by_key(|&i| self.streams[i].used).expect("STREAMS > 0");
+            self.streams[lru] =
+                Stream { region: id, last: f, dir: 0, window: 0, zeros, ended: false, used: self.clock };
+            return None;
+        };
+        let s = &mut self.streams[i];
+        if s.region != id || s.dir != dir {
+            // On into another region, or the direction just learnt.
+            s.region = id;
+            s.dir = dir;
+        }
+        s.used = self.clock;
+        s.window = (s.window * 2).clamp(1, max);
+        Some(s)
+    }
 }
 
 /// What became of a fault.
@@ -293,15 +389,12 @@ impl Inner {
         if self.cfg.read_ahead_folios() == 0 {
             return;
         }
-        if ra.region != st.id || ra.next != f || !ra.zeros {
-            *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: true };
-            return;
-        }
-        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead_folios());
-        let end = (f + 1 + ra.window).min(st.state.len());
+        let n = st.state.len();
+        let Some(ra) = ra.stream(st.id, f, n, true, self.cfg.read_ahead_folios()) else { return };
+        let ahead = ra.ahead(f, n);
         let fs = self.cfg.folio_size;
-        let mut g = f + 1;
-        while g < end {
+        let mut done = 0;
+        for &g in &ahead {
             if self.usage() + fs > self.limit() {
                 break;
             }
@@ -317,9 +410,9 @@ impl Inner {
             self.became_resident(st, g);
             inc(&self.counters.zero_ahead_folios);
             drop(guard);
-            g += 1;
+            done += 1;
         }
-        ra.next = g;
+        ra.advance(f, &ahead, done, n);
     }
 
     /// After a fault loaded folio `f` of `st`: see [`ReadAhead`].
@@ -327,14 +420,11 @@ impl Inner {
         if self.cfg.read_ahead_folios() == 0 {
             return;
         }
-        if ra.region != st.id || ra.next != f || ra.zeros {
-            *ra = ReadAhead { region: st.id, next: f + 1, window: 0, zeros: false };
-            return;
-        }
-        ra.window = (ra.window * 2).clamp(1, self.cfg.read_ahead_folios());
-        let end = (f + 1 + ra.window).min(st.state.len());
-        let mut g = f + 1;
-        while g < end {
+        let n = st.state.len();
+        let Some(ra) = ra.stream(st.id, f, n, false, self.cfg.read_ahead_folios()) else { return };
+        let ahead = ra.ahead(f, n);
+        let mut done = 0;
+        for &g in &ahead {
             if self.usage() + self.cfg.folio_size > self.high() {
                 break;
             }
@@ -347,9 +437,9 @@ impl Inner {
                 inc(&self.counters.readahead_folios);
             }
             drop(guard);
-            g += 1;
+            done += 1;
         }
-        ra.next = g;
+        ra.advance(f, &ahead, done, n);
     }
 
     /// COPYs a folio, stepping over pages that are still mapped (EEXIST),
