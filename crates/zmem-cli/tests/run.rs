@@ -308,12 +308,7 @@ fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit(
     assert!(String::from_utf8_lossy(&o.stdout).contains("4096 blocks, 0 bad words"), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");
     assert!(evicted > 2048, "evicted {evicted} folios; {}", text(&o));
-    let peak = std::fs::read_dir(&stats)
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok()?["tree"]["peak_usage_bytes"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let peak = tree_peak(&stats);
     assert!(peak > 16 << 20 && peak <= 40 << 20, "tree usage peak {} MiB under 32M; {}", peak >> 20, text(&o));
 }
 
@@ -524,12 +519,7 @@ fn stress_ng_vm_workers_share_one_limit_for_the_whole_tree() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("successful run completed"), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");
-    let tree_peak = std::fs::read_dir(&stats)
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok()?["tree"]["peak_usage_bytes"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let tree_peak = tree_peak(&stats);
     eprintln!("evicted {evicted} folios; tree usage peak {} MiB; RssAnon peak {} MiB", tree_peak >> 20, rss_peak >> 20);
     assert!(evicted > 0, "{}", text(&o));
     assert!(tree_peak > 32 << 20 && tree_peak <= (64 + 8) << 20, "tree usage peak {tree_peak}");
@@ -778,11 +768,21 @@ fn compare_runs_a_program_three_ways_and_restores_the_machine() {
 /// The largest `pager` counters over the stats files a run left in `dir`
 /// (one per process; the last update is at most one interval old).
 fn pager_max(dir: &Path, key: &str) -> u64 {
+    stats_max(dir, |v| v["pager"][key].as_u64())
+}
+
+/// The tree's peak usage, from the stats files in `dir`.
+fn tree_peak(dir: &Path) -> u64 {
+    stats_max(dir, |v| v["tree"]["peak_usage_bytes"].as_u64())
+}
+
+/// The largest value `get` reads from the stats files in `dir`.
+fn stats_max(dir: &Path, get: impl Fn(&serde_json::Value) -> Option<u64>) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
         .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter_map(|v| v["pager"][key].as_u64())
+        .filter_map(|v| get(&v))
         .max()
         .unwrap_or(0)
 }
