@@ -16,6 +16,13 @@ pub mod defaults {
     pub const LIMIT: usize = 1 << 30;
     /// The pool's share of the limit, percent (zswap's `max_pool_percent`).
     pub const MAX_POOL_PERCENT: u32 = 20;
+    /// The same under `zmem run` (`ZMEM_MAX_POOL_PERCENT`). zswap's 20% is
+    /// of all RAM, and cgroup v1 does not charge it to a cgroup; a zmem
+    /// pool is inside the process's limit, so at 20% a program a few times
+    /// its limit went mostly to the swap file. At 50%: redis (DEBUG DIGEST
+    /// after BGSAVE, 24M) 17.5-19.7 s against 20.5-23.7 s, a perl hash of
+    /// 300k keys under 48M 144 s against 195 s, Python the same.
+    pub const RUN_MAX_POOL_PERCENT: u32 = 50;
     /// After the pool limit is hit, stores resume below this percent of it.
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
     /// The eviction unit.

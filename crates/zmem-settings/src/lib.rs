@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle` |
-//! | `ZMEM_MAX_POOL_PERCENT` | `20` | the pool's share of the limit (1..=100) |
+//! | `ZMEM_MAX_POOL_PERCENT` | `50` | the pool's share of the limit (1..=100) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
@@ -114,7 +114,7 @@ impl Default for Settings {
         Settings {
             limit: defaults::LIMIT,
             compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
-            max_pool_percent: defaults::MAX_POOL_PERCENT,
+            max_pool_percent: defaults::RUN_MAX_POOL_PERCENT,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
