@@ -234,6 +234,34 @@ fn a_compressor_switch_keeps_old_entries_loadable_and_frees_their_pool() {
     }
 }
 
+/// An entry has 15 bits for its pool's id, so ids wrap. After 2^15
+/// switches the id of a pool that still has entries comes round again; it
+/// must be skipped, or a new pool's entries would be expanded by the old
+/// one's compressor (and freed into its zs pool).
+#[test]
+fn pool_ids_wrap_past_pools_that_still_have_entries() {
+    let t = Tier::new(cfg(64 << 20, false)).unwrap();
+    t.store(0, corpus().page(0)).unwrap();
+    // The first pool's id is 0 and switches count up from 1: the last of
+    // 2^15 switches comes round to 0. Without the skip, its entries and the
+    // first pool's share an id (`DoubleFree` when they are loaded).
+    let specs = ["lz4", "zstd:1"];
+    for i in 0..1 << 15 {
+        t.set_compressor(specs[i % 2].parse().unwrap()).unwrap();
+    }
+    assert_eq!(t.compressor(), "zstd:1");
+    assert_eq!(t.stats().pools, 2, "the first pool lives on with its entry");
+    // The first pool was lz4 and the current one is zstd:1: were their ids
+    // the same, one of these would expand with the other's codec.
+    for k in 1..64 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    for k in 0..64 {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize), "page {k}");
+    }
+    assert_eq!(t.stats().pools, 1);
+}
+
 #[test]
 fn bad_folios_are_errors_that_change_nothing() {
     let t = Tier::new(cfg(1 << 20, false)).unwrap();
