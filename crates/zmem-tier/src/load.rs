@@ -366,19 +366,16 @@ impl Tier {
                 break;
             }
             for b in items {
+                // A block's keys share one shard.
                 let first = b * BLOCK as u64;
-                let mut cursor = Cursor::new(&self.tree);
                 let mut dropped = Vec::new();
+                let mut shard = self.tree.lock(first);
                 for k in first..first + BLOCK as u64 {
-                    let shard = cursor.lock(k);
                     if shard.get(k).is_some_and(|e| e.cached) {
-                        if let Some(e) = shard.remove(k) {
-                            dropped.extend(self.release(shard, e));
-                            done += 1;
-                        }
+                        done += usize::from(self.free_in(&mut shard, k, &mut dropped));
                     }
                 }
-                cursor.unlock();
+                drop(shard);
                 drop(dropped);
             }
             if done > 0 && target > 0 && self.pool_total_size() > target {
@@ -412,10 +409,19 @@ impl Tier {
     /// what it holds; a pool whose last entry it was is dropped after the
     /// lock. Returns whether there was one.
     pub(crate) fn free_locked(&self, mut shard: ShardGuard<'_>, key: u64) -> bool {
-        let Some(e) = shard.remove(key) else { return false };
-        let dropped = self.release(&mut shard, e);
+        let mut dropped = Vec::new();
+        let found = self.free_in(&mut shard, key, &mut dropped);
         drop(shard);
         drop(dropped);
+        found
+    }
+
+    /// [`free_locked`](Self::free_locked) for a caller that goes on holding
+    /// the shard: a pool whose last entry this was goes in `dropped`, for
+    /// the caller to drop after the lock.
+    pub(crate) fn free_in(&self, shard: &mut Shard<Arc<Pool>>, key: u64, dropped: &mut Vec<Arc<Pool>>) -> bool {
+        let Some(e) = shard.remove(key) else { return false };
+        dropped.extend(self.release(shard, e));
         true
     }
 

@@ -144,12 +144,6 @@ pub struct Shard<P> {
     tree_bytes: Arc<AtomicUsize>,
 }
 
-impl<P> Default for Shard<P> {
-    fn default() -> Self {
-        Shard::counted(Arc::default())
-    }
-}
-
 /// A mutable view of an entry ([`Shard::get_mut`]), packed back when
 /// dropped.
 #[derive(Debug)]

@@ -61,9 +61,7 @@ impl Tier {
                 if e.cached {
                     // A clean copy of a page that is mapped: free, not
                     // written (the page is stored again when evicted).
-                    if let Some(e) = shard.remove(key) {
-                        dropped.extend(self.release(&mut shard, e));
-                    }
+                    self.free_in(&mut shard, key, &mut dropped);
                     inc(&self.counters.cached_dropped, 1);
                     pass.dropped += 1;
                     continue;

@@ -92,17 +92,15 @@ impl Stream {
 
     /// The folios to load ahead of fault `f`: the window, in the stream's
     /// direction, within the region's `n` folios.
-    fn ahead(&self, f: usize, n: usize) -> Vec<usize> {
-        if self.dir > 0 {
-            (f + 1..(f + 1 + self.window).min(n)).collect()
-        } else {
-            (f.saturating_sub(self.window)..f).rev().collect()
-        }
+    fn ahead(&self, f: usize, n: usize) -> impl Iterator<Item = usize> {
+        let up = self.dir > 0;
+        let (lo, hi) = if up { (f + 1, (f + 1 + self.window).min(n)) } else { (f.saturating_sub(self.window), f) };
+        (lo..hi).map(move |i| if up { i } else { hi - 1 - (i - lo) })
     }
 
-    /// After loading ahead of fault `f` up to `done` folios of `ahead`.
-    fn advance(&mut self, f: usize, ahead: &[usize], done: usize, n: usize) {
-        self.last = if done == 0 { f } else { ahead[done - 1] };
+    /// After loading `done` folios ahead of fault `f`.
+    fn advance(&mut self, f: usize, done: usize, n: usize) {
+        self.last = if self.dir > 0 { f + done } else { f - done };
         self.ended = if self.dir > 0 { self.last + 1 >= n } else { self.last == 0 };
     }
 }
@@ -394,7 +392,7 @@ impl Inner {
         let ahead = ra.ahead(f, n);
         let fs = self.cfg.folio_size;
         let mut done = 0;
-        for &g in &ahead {
+        for g in ahead {
             if self.usage() + fs > self.limit() {
                 break;
             }
@@ -412,7 +410,7 @@ impl Inner {
             drop(guard);
             done += 1;
         }
-        ra.advance(f, &ahead, done, n);
+        ra.advance(f, done, n);
     }
 
     /// After a fault loaded folio `f` of `st`: see [`ReadAhead`].
@@ -424,7 +422,7 @@ impl Inner {
         let Some(ra) = ra.stream(st.id, f, n, false, self.cfg.read_ahead_folios()) else { return };
         let ahead = ra.ahead(f, n);
         let mut done = 0;
-        for &g in &ahead {
+        for g in ahead {
             if self.usage() + self.cfg.folio_size > self.high() {
                 break;
             }
@@ -439,7 +437,7 @@ impl Inner {
             drop(guard);
             done += 1;
         }
-        ra.advance(f, &ahead, done, n);
+        ra.advance(f, done, n);
     }
 
     /// COPYs a folio, stepping over pages that are still mapped (EEXIST),
