@@ -36,6 +36,9 @@ pub mod defaults {
     pub const RECLAIM_BATCH_BYTES: usize = 512 << 10;
     /// The most bytes a sequential fault loads ahead.
     pub const READ_AHEAD_BYTES: usize = 512 << 10;
+    /// What a fault on an evicted folio loads when it continues no
+    /// read-ahead stream (a random access): this much around the page.
+    pub const FAULT_AROUND_BYTES: usize = 4 << 10;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
     pub const THRESHOLD: usize = 256 << 10;
     /// Where `zmem run` puts its swap file: a disk directory.

@@ -52,6 +52,8 @@
 //! the pager frees their entries) and makes the range `PROT_NONE`; the
 //! address range is returned when the whole mapping is unmapped.
 #![allow(clippy::missing_safety_doc)]
+// The stats document is one `serde_json::json!` literal (`stats.rs`).
+#![recursion_limit = "256"]
 
 mod capi;
 mod guard;

@@ -284,6 +284,12 @@ fn a_partial_mremap_of_an_evicted_region_keeps_every_page_where_it_went() {
     // Pages [from, from + n) move, starting 3 pages into a folio and ending
     // 5 pages into another.
     let (from, n) = (4 * MIB / PAGE_SIZE + 3, 8 * MIB / PAGE_SIZE + 2);
+    // One page read in each of the two folios the move splits, on the side
+    // that stays: each loads alone (`fault_around`), and the folio's
+    // pages that move are still in the tier when they do.
+    for p in [from - 2, from + n + 2] {
+        assert_eq!(bad_words(base + p * PAGE_SIZE, p as u64), 0);
+    }
     let to = mmap(0, n * PAGE_SIZE + 64 * PAGE_SIZE) + 7 * PAGE_SIZE;
     // SAFETY: moves part of this test's mapping onto another of its own.
     let r = unsafe {

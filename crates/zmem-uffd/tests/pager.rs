@@ -653,6 +653,12 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
     p.reclaim_now();
     let evicted = (0..pages).step_by(16).filter(|&pg| !r.is_resident(pg * PAGE_SIZE)).count();
     assert!(evicted > 0, "the limit evicted folios before the fork: {:?}", p.stats());
+    // A page here and there: folios loaded in part, the rest of each still
+    // in the tier at the fork.
+    for pg in (0..pages).step_by(16 * 7).map(|pg| pg + 5) {
+        assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+    }
+    assert!(p.stats().swapped_bytes > 0, "{:?}", p.stats());
     p.fork_prepare();
     // SAFETY: the child only reads and writes the region through atomics
     // and leaves with _exit; it never touches the pager.
@@ -858,4 +864,123 @@ fn sequential_writes_to_fresh_memory_get_zeros_ahead_and_reads_do_not() {
             assert!(w.iter().enumerate().all(|(i, x)| i == 1 || x.load(Ordering::Relaxed) == 0), "page {pg}");
         }
     }
+}
+
+/// The pager's counters once `ready` holds of them, or after 2 s: the
+/// handler counts a fault just after the ioctl that wakes the faulting
+/// thread, so a count may trail the thread for a moment.
+fn stats_when(p: &Pager, ready: impl Fn(&zmem_uffd::PagerStats) -> bool) -> zmem_uffd::PagerStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let s = p.stats();
+        if ready(&s) || std::time::Instant::now() >= deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A fault that continues no sequential stream loads only its page
+/// (`PagerConfig::fault_around`); the rest of the folio stays in the tier
+/// and comes in when touched: a walk up the folio in one more fault.
+/// Folios so left partly in the tier are evicted again (their pages in the
+/// tier keep their entries), dropped in part, moved and freed, and every
+/// byte is as written.
+#[test]
+fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
+    let _wd = watchdog("fault-around", 120);
+    let limit = 8 << 20;
+    let p = pager(limit);
+    let r = p.map(32 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    let ppf = (64 << 10) / PAGE_SIZE;
+    let mut v = vec![1u32; pages];
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    // One page of a folio, then the page after it: the second fault loads
+    // the rest of the folio, and the walk up it faults no more.
+    let f = pages / ppf / 2;
+    let before = p.stats();
+    assert!(!r.is_resident(f * ppf * PAGE_SIZE), "folio {f} was evicted: {before:?}");
+    let first = f * ppf + 4;
+    assert_eq!(check_page(&r, first, 1), 0);
+    let s = stats_when(&p, |s| s.partial_load_faults > before.partial_load_faults);
+    assert_eq!(s.partial_load_faults - before.partial_load_faults, 1, "{s:?}");
+    assert_eq!(s.swapped_bytes, before.swapped_bytes + (ppf as u64 - 1) * PAGE_SIZE as u64, "{s:?}");
+    for pg in first + 1..(f + 1) * ppf {
+        assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+    }
+    let s = stats_when(&p, |s| s.swapped_page_faults > before.swapped_page_faults);
+    assert_eq!(s.swapped_page_faults - before.swapped_page_faults, 1, "{s:?}");
+    assert_eq!(s.load_faults - before.load_faults, 1, "{s:?}");
+    // A page left in the tier that the program drops reads as zeros; the
+    // pages beside it are intact.
+    assert_eq!(check_page(&r, f * ppf + 3, 1), 0);
+    let dropped = f * ppf + 1;
+    // SAFETY: the range is our region's, reached only through atomics.
+    unsafe {
+        rustix::mm::madvise(
+            (r.addr() as usize + dropped * PAGE_SIZE) as *mut _,
+            PAGE_SIZE,
+            rustix::mm::Advice::LinuxDontNeed,
+        )
+    }
+    .unwrap();
+    v[dropped] = DROPPED;
+    // Random reads and writes all over the region (an LCG: the same every
+    // run), well past the limit: most are partial loads.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..3 * pages {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let pg = (x >> 33) as usize % pages;
+        if i % 4 == 0 {
+            v[pg] = if v[pg] == DROPPED { 2 } else { v[pg] + 1 };
+            write_page(&r, pg, v[pg]);
+        } else {
+            assert_eq!(check_or_zero(&r, pg, v[pg]), 0, "page {pg} at version {}", v[pg]);
+        }
+    }
+    let s = p.stats();
+    assert!(s.partial_load_faults > (pages / 2) as u64, "{s:?}");
+    assert!(s.usage_bytes <= (limit + (1 << 20)) as u64, "{s:?}");
+    // Everything again, after an eviction of the folios partly in the tier.
+    p.reclaim_now();
+    let bad: usize = (0..pages).map(|pg| check_or_zero(&r, pg, v[pg])).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+    // The region moves whole with folios partly in the tier, and is read
+    // at its new address.
+    p.reclaim_now();
+    for pg in (0..pages).step_by(ppf * 3).map(|pg| pg + 5) {
+        assert_eq!(check_or_zero(&r, pg, v[pg]), 0, "page {pg}");
+    }
+    assert!(p.stats().swapped_bytes > 0, "{:?}", p.stats());
+    let target = zmem_uffd::Mapping::new(r.len()).unwrap();
+    let to = target.addr();
+    std::mem::forget(target);
+    // SAFETY: moves our region (reached only through atomics) over our own
+    // forgotten target range; the pager follows via the Remap event.
+    let new = unsafe {
+        rustix::mm::mremap_fixed(r.addr() as *mut _, r.len(), r.len(), rustix::mm::MremapFlags::MAYMOVE, to as *mut _)
+    }
+    .unwrap() as u64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while r.addr() != new && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(r.addr(), new, "the pager followed the region");
+    let bad: usize = (0..pages).map(|pg| check_or_zero(&r, pg, v[pg])).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+    // Nothing outlives the region: not the entries of pages left in the
+    // tier, not their count.
+    p.reclaim_now();
+    for pg in (0..pages).step_by(ppf * 2).map(|pg| pg + 9) {
+        assert_eq!(check_or_zero(&r, pg, v[pg]), 0, "page {pg}");
+    }
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages, t.cached_pages), (0, 0, 0), "entries leaked: {t:?}");
+    let s = p.stats();
+    assert_eq!((s.swapped_bytes, s.resident_bytes), (0, 0), "{s:?}");
 }

@@ -8,16 +8,24 @@ use zmem_common::LockExt;
 
 use super::stats::inc;
 use super::{Inner, RegionState};
+use crate::mapping::PAGE_SIZE;
 
 impl Inner {
     pub(super) fn usage(&self) -> usize {
         // Shared folios are charged to no one; the count may run a folio
         // behind one that was dropped meanwhile, until the next look.
-        let resident = self.resident.load(Ordering::Relaxed).saturating_sub(self.shared_folios.load(Ordering::Relaxed));
-        resident * self.cfg.folio_size
+        let shared = self.shared_folios.load(Ordering::Relaxed) * self.cfg.folio_size;
+        self.resident_bytes().saturating_sub(shared)
             + self.held_bytes.load(Ordering::Relaxed)
             + self.tier.pool_total_size()
             + self.metadata()
+    }
+
+    /// Bytes of resident folios, less the pages partial loads left in the
+    /// tier.
+    pub(super) fn resident_bytes(&self) -> usize {
+        let folios = self.resident.load(Ordering::Relaxed) * self.cfg.folio_size;
+        folios.saturating_sub(self.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE)
     }
 
     pub(super) fn metadata(&self) -> usize {

@@ -308,7 +308,8 @@ impl Inner {
                     st.set_folio(f, Folio::Never);
                     self.resident.fetch_sub(1, Ordering::Relaxed);
                     self.dropped.lock_ok().remove(&(st.id, f));
-                    if st.cached[f].swap(false, Ordering::Relaxed) {
+                    let swapped = self.clear_swapped(st, f, u64::MAX);
+                    if st.cached[f].swap(false, Ordering::Relaxed) || swapped != 0 {
                         self.invalidate_folio(st, f);
                     }
                 }
@@ -350,10 +351,16 @@ impl Inner {
             loop {
                 let (lock, _) = self.stripe(st, f);
                 let g = lock.lock_ok();
-                if st.folio(f) != Folio::Evicted {
-                    break;
-                }
-                let r = self.load_evicted(st, f, bounce, false);
+                // Evicted, or Resident with pages a partial load left in
+                // the tier.
+                let want = match st.folio(f) {
+                    Folio::Evicted => None,
+                    Folio::Resident if st.swapped[f].load(Ordering::Relaxed) != 0 => {
+                        Some(st.swapped[f].load(Ordering::Relaxed))
+                    }
+                    _ => break,
+                };
+                let r = self.load_pages(st, f, want, bounce, false);
                 drop(g);
                 if r != Served::Again {
                     if fork {

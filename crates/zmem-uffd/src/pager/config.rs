@@ -74,6 +74,14 @@ pub struct PagerConfig {
     /// The most bytes a sequential fault loads ahead (the window doubles
     /// up to this, rounded down to folios); 0 turns read-ahead off.
     pub read_ahead: usize,
+    /// A fault on an evicted folio that continues no read-ahead stream
+    /// loads only this many bytes of it, the aligned block around the
+    /// faulting page, as a random access wants (the kernel's swap-in is a
+    /// page at a time, plus what its read-ahead finds useful). The rest of
+    /// the folio stays in the tier until touched. A fault that continues a
+    /// stream loads the whole folio. 0, or the folio size or more (or
+    /// folios over 64 pages): whole folios always.
+    pub fault_around: usize,
     /// Fault injection for tests: reclaim sleeps this long between looking
     /// up a folio's holes and moving its pages, widening the window an
     /// UNMAP must never slip through (`move_span`). Zero in real use.
@@ -107,6 +115,14 @@ impl PagerConfig {
         self.reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / self.folio_size.max(1))
     }
 
+    /// Pages a fault that continues no stream loads (see `fault_around`);
+    /// `None`: whole folios.
+    pub fn fault_around_pages(&self) -> Option<usize> {
+        let ppf = self.folio_size / zmem_common::PAGE_SIZE;
+        let n = (self.fault_around / zmem_common::PAGE_SIZE).max(1).next_power_of_two();
+        (self.fault_around > 0 && n < ppf && ppf <= 64).then_some(n)
+    }
+
     /// The most folios a sequential fault loads ahead.
     pub fn read_ahead_folios(&self) -> usize {
         self.read_ahead / self.folio_size.max(1)
@@ -135,6 +151,7 @@ impl PagerConfig {
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
             read_ahead: defaults::READ_AHEAD_BYTES,
+            fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,
             inject_adopt_delay: Duration::ZERO,
         }

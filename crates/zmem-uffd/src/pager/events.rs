@@ -80,6 +80,7 @@ impl Inner {
             for &p in &pages {
                 self.tier.invalidate(st.key(p));
             }
+            self.clear_swapped(st, f, pages.iter().map(|&p| 1u64 << ((p - f * ppf) % 64)).fold(0, |a, b| a | b));
             if let Some(h) = self.held.lock_ok().get_mut(&(st.id, f)) {
                 pages.iter().for_each(|&p| h.present[p - f * ppf] = false);
             }
@@ -101,6 +102,7 @@ impl Inner {
             if whole {
                 st.cached[f].store(false, Ordering::Relaxed);
                 st.poisoned[f].store(false, Ordering::Relaxed);
+                self.clear_swapped(st, f, u64::MAX);
             }
             if whole && st.swap_folio(f, Folio::Never) == Folio::Resident {
                 self.resident.fetch_sub(1, Ordering::Relaxed);
@@ -249,6 +251,12 @@ impl Inner {
                 Folio::Resident => {
                     new.set_folio(j, Folio::Resident);
                     self.resident.fetch_add(1, Ordering::Relaxed);
+                    // Pages left in the tier go with the pages that moved
+                    // (their entries under the same keys).
+                    let bits = st.swapped[f].load(Ordering::Relaxed)
+                        & moved.iter().enumerate().filter(|(_, &m)| m).fold(0u64, |a, (i, _)| a | 1 << (i % 64));
+                    self.clear_swapped(st, f, bits);
+                    self.set_swapped(&new, j, bits);
                     // Entries kept as clean copies serve the moved pages
                     // under the same keys.
                     new.cached[j].store(st.cached[f].load(Ordering::Relaxed), Ordering::Relaxed);

@@ -106,6 +106,12 @@ impl Stream {
 }
 
 impl ReadAhead {
+    /// Whether a fault on folio `f` of region `id` (of `n` folios) would
+    /// continue a stream of loads (changing nothing).
+    fn continues(&self, id: u32, f: usize, n: usize) -> bool {
+        self.streams.iter().any(|s| s.used > 0 && !s.zeros && s.continued_by(id, f, n).is_some())
+    }
+
     /// The stream a fault on folio `f` of region `id` (of `n` folios)
     /// continues, its window doubled; `None` if it continues none, and
     /// then a new stream starts at `f`.
@@ -291,14 +297,39 @@ impl Inner {
                 inc(&self.counters.zero_faults);
             }
             Folio::Evicted => {
-                if self.load_evicted(&st, f, bounce, true) == Served::Again {
+                // A fault that continues a stream loads the whole folio (and
+                // reads ahead); any other, only the block around its page.
+                let page = ((addr - folio_addr) / PAGE_SIZE as u64) as usize;
+                let want = self
+                    .cfg
+                    .fault_around_pages()
+                    .filter(|_| {
+                        !ra.continues(st.id, f, st.state.len()) && !self.held.lock_ok().contains_key(&(st.id, f))
+                    })
+                    .map(|w| block_around(page, w));
+                if self.load_pages(&st, f, want, bounce, true) == Served::Again {
                     return Served::Again;
                 }
                 inc(&self.counters.load_faults);
+                if want.is_some() {
+                    inc(&self.counters.partial_load_faults);
+                }
                 drop(g);
                 self.read_ahead(&st, f, bounce, ra);
                 self.throttle();
                 return Served::Done;
+            }
+            _ if st.swapped[f].load(Ordering::Relaxed) >> ((addr - folio_addr) as usize / PAGE_SIZE) & 1 != 0 => {
+                // A page a partial load left in the tier.
+                let i = (addr - folio_addr) as usize / PAGE_SIZE;
+                let want = self.swapped_around(st.swapped[f].load(Ordering::Relaxed), i);
+                if self.load_pages(&st, f, Some(want), bounce, true) == Served::Again {
+                    return Served::Again;
+                }
+                if !self.tracking {
+                    st.referenced[f].store(true, Ordering::Relaxed);
+                }
+                inc(&self.counters.swapped_page_faults);
             }
             _ => {
                 // A page the program dropped from a resident folio.
@@ -330,55 +361,111 @@ impl Inner {
         Served::Done
     }
 
-    /// Loads Evicted folio `f` of `st` back into the program (the caller
-    /// holds its stripe lock): its pages from the tier in one call, then
-    /// COPY; a page that fails to load is poisoned. On `Again` nothing is
-    /// lost: the entries stay in the tier until a COPY succeeds.
+    /// Loads pages of folio `f` of `st` back into the program (the caller
+    /// holds its stripe lock): `want` names them (bit `i`: page `i`), or
+    /// `None`, the whole folio. The folio is Evicted, and becomes Resident
+    /// with the pages not wanted left in the tier (`RegionState::swapped`);
+    /// or it is Resident and `want` are pages left so. The pages come from
+    /// the tier in one call, then COPY; a page that fails to load is
+    /// poisoned. On `Again` nothing is lost: the entries stay in the tier
+    /// until a COPY succeeds.
     ///
-    /// With `keep`, a folio that loaded whole keeps its pool entries as
-    /// clean copies (`Tier::retain_clean`): evicted again unchanged, it is
+    /// With `keep`, pages that loaded keep their pool entries as clean
+    /// copies (`Tier::retain_clean`): evicted again unchanged, they are
     /// stored without compressing (as the kernel drops a clean swap-cache
     /// page without writing it).
-    pub(super) fn load_evicted(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8], keep: bool) -> Served {
+    pub(super) fn load_pages(
+        &self,
+        st: &Arc<RegionState>,
+        f: usize,
+        want: Option<u64>,
+        bounce: &mut [u8],
+        keep: bool,
+    ) -> Served {
         let folio_addr = st.start.load(Ordering::Acquire) + (f * bounce.len()) as u64;
-        bounce.fill(0);
         let ppf = bounce.len() / PAGE_SIZE;
+        let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
+        let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
+        let span = &mut bounce[lo * PAGE_SIZE..hi * PAGE_SIZE];
+        span.fill(0);
         let mut bad = vec![false; ppf];
-        // One call for the folio: its pages in the swap file are
-        // read together (one preadv per run of slots).
-        for (i, r) in self.tier.load_many(st.key(f * ppf), bounce).into_iter().enumerate() {
+        // One call: the pages' slots in the swap file are read together
+        // (one preadv per run).
+        for (i, r) in self.tier.load_many(st.key(f * ppf + lo), span).into_iter().enumerate() {
             match r {
                 Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
+                Err(_) if !wanted(lo + i) => {}
                 Err(e) => {
                     // Never hand the program wrong data: the
                     // page is poisoned below (SIGBUS on touch).
-                    log::error!("page {} of a region failed to load: {e}", f * ppf + i);
-                    bad[i] = true;
+                    log::error!("page {} of a region failed to load: {e}", f * ppf + lo + i);
+                    bad[lo + i] = true;
                 }
             }
         }
-        if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
-            for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
-                page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+        if want.is_none() {
+            if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
+                for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
+                    page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                }
             }
         }
         let holes = st.holes_in(f * ppf, ppf);
-        if self.copy_folio(st, folio_addr, bounce, &bad, holes.as_deref()) == Served::Again {
+        // Not filled: the program's holes, and the pages not wanted.
+        let skip = match (want, &holes) {
+            (None, _) => holes.clone(),
+            (Some(_), h) => Some((0..ppf).map(|p| !wanted(p) || h.as_ref().is_some_and(|h| h[p])).collect()),
+        };
+        if self.copy_folio(st, folio_addr, bounce, &bad, skip.as_deref()) == Served::Again {
             // Nothing is lost: the entries are still in the tier.
             return Served::Again;
         }
         let nbad = bad.iter().filter(|&&b| b).count() as u64;
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
-        if keep && nbad == 0 {
-            self.retain_folio(st, f, bounce);
-        } else {
-            self.invalidate_folio(st, f);
+        let evicted = st.folio(f) == Folio::Evicted;
+        match want {
+            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce),
+            None => self.invalidate_folio(st, f),
+            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce),
+            Some(m) => {
+                for p in self.folio_pages(st, f).filter(|p| m >> (p - f * ppf) & 1 != 0) {
+                    self.tier.invalidate(st.key(p));
+                }
+            }
         }
         if nbad > 0 {
             st.poisoned[f].store(true, Ordering::Relaxed);
         }
-        self.became_resident(st, f);
+        if evicted {
+            self.became_resident(st, f);
+            if let Some(m) = want {
+                // What was not loaded stays in the tier: the pages whose
+                // entries are this region's (not its holes).
+                let rest = self.folio_pages(st, f).map(|p| 1u64 << (p - f * ppf)).fold(0, |a, b| a | b) & !m;
+                self.set_swapped(st, f, rest);
+            }
+        } else {
+            self.clear_swapped(st, f, want.unwrap_or(u64::MAX));
+        }
         Served::Done
+    }
+
+    /// Which of the pages a partial load left in folio's tier (`swapped`)
+    /// a fault on page `i` of them loads: on up from `i` where the page
+    /// below is mapped (a walk up the folio), down to `i` where the page
+    /// above is (a walk down), else the block around `i`.
+    fn swapped_around(&self, swapped: u64, i: usize) -> u64 {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let w = self.cfg.fault_around_pages().unwrap_or(ppf);
+        let is_swapped = |p: usize| swapped >> p & 1 != 0;
+        let mask = if i > 0 && !is_swapped(i - 1) {
+            !0u64 << i
+        } else if i + 1 < ppf && !is_swapped(i + 1) {
+            !0u64 >> (63 - i)
+        } else {
+            block_around(i, w)
+        };
+        swapped & mask
     }
 
     /// After a write fault COPYed zeros over never-touched folio `f` of
@@ -429,7 +516,7 @@ impl Inner {
             let (lock, _) = self.stripe(st, g);
             let Ok(guard) = lock.try_lock() else { break };
             if st.folio(g) == Folio::Evicted {
-                if self.load_evicted(st, g, bounce, true) == Served::Again {
+                if self.load_pages(st, g, None, bounce, true) == Served::Again {
                     break;
                 }
                 inc(&self.counters.readahead_folios);
@@ -550,4 +637,11 @@ impl Inner {
         self.resident.fetch_add(1, Ordering::Relaxed);
         self.lru_add(st, f);
     }
+}
+
+/// The aligned block of `w` pages (a power of two) around page `i`, as a
+/// mask of a folio's pages.
+fn block_around(i: usize, w: usize) -> u64 {
+    let lo = i / w * w;
+    (if w >= 64 { !0 } else { (1u64 << w) - 1 }) << lo
 }

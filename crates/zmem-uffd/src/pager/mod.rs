@@ -170,6 +170,10 @@ struct Inner {
     stripes: Vec<(Mutex<()>, Condvar)>,
     lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
     resident: AtomicUsize,
+    /// Pages of Resident folios left in the tier by partial loads
+    /// (`RegionState::swapped`): `resident` counts whole folios, and usage
+    /// takes these back off.
+    swapped_pages: AtomicUsize,
     /// Bytes of folio tables of live regions.
     tables: AtomicUsize,
     /// Entries on the reclaim lists (some may be stale).
@@ -317,6 +321,7 @@ impl Pager {
             lru: Mutex::new(Lru::default()),
             regions: RwLock::new(BTreeMap::new()),
             resident: AtomicUsize::new(0),
+            swapped_pages: AtomicUsize::new(0),
             tables: AtomicUsize::new(0),
             lru_len: AtomicUsize::new(0),
             tracking,
@@ -474,11 +479,11 @@ impl Inner {
         (f * ppf..(f + 1) * ppf).filter(move |&p| !holes.as_ref().is_some_and(|h| h[p - f * ppf]))
     }
 
-    /// [`invalidate_folio`](Self::invalidate_folio) for a folio just
-    /// mapped again whole: its pool entries stay as clean copies
-    /// (`Tier::retain_clean`), every other entry goes. Same locking.
-    /// `pages` is what was mapped.
-    pub(super) fn retain_folio(&self, st: &RegionState, f: usize, pages: &[u8]) {
+    /// After pages `mask` of folio `f` (bit `i`: page `i`; `u64::MAX`: all)
+    /// were mapped again from `pages`, the folio's bytes: their pool entries
+    /// stay as clean copies (`Tier::retain_clean`), their other entries go.
+    /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
+    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8]) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut kept = false;
         // A kept pool entry is memory beside the page it copies, charged to
@@ -487,10 +492,37 @@ impl Inner {
         let keep_pool = self.usage() + self.cfg.folio_size <= self.low();
         for p in self.folio_pages(st, f) {
             let i = p - f * ppf;
+            if i < 64 && mask >> i & 1 == 0 {
+                continue;
+            }
             kept |= self.tier.retain_clean(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool);
         }
-        st.cached[f].store(kept, Ordering::Relaxed);
-        self.unhold(st, f);
+        if mask == u64::MAX {
+            st.cached[f].store(kept, Ordering::Relaxed);
+            self.unhold(st, f);
+        } else if kept {
+            st.cached[f].store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks pages `mask` of Resident folio `f` as left in the tier (none of
+    /// them was). The caller holds the folio's stripe lock.
+    pub(super) fn set_swapped(&self, st: &RegionState, f: usize, mask: u64) {
+        let old = st.swapped[f].fetch_or(mask, Ordering::Relaxed);
+        debug_assert_eq!(old & mask, 0, "pages marked swapped twice");
+        self.swapped_pages.fetch_add((mask & !old).count_ones() as usize, Ordering::Relaxed);
+    }
+
+    /// Unmarks pages `mask` of folio `f` (loaded, dropped, or the folio
+    /// leaves Resident); returns those of them that were marked. The caller
+    /// holds the folio's stripe lock.
+    pub(super) fn clear_swapped(&self, st: &RegionState, f: usize, mask: u64) -> u64 {
+        if st.swapped[f].load(Ordering::Relaxed) & mask == 0 {
+            return 0;
+        }
+        let was = st.swapped[f].fetch_and(!mask, Ordering::Relaxed) & mask;
+        self.swapped_pages.fetch_sub(was.count_ones() as usize, Ordering::Relaxed);
+        was
     }
 
     pub(super) fn unhold(&self, st: &RegionState, f: usize) {

@@ -173,34 +173,42 @@ impl Inner {
             }
             st.set_folio(f, Folio::Evicting);
             self.resident.fetch_sub(1, Ordering::Relaxed);
+            // Pages a partial load left in the tier stay there: nothing to
+            // move, and their entries are kept.
+            let swapped = self.clear_swapped(&st, f, u64::MAX);
             drop(g);
-            isolated.push((st, f));
+            isolated.push((st, f, swapped));
         }
         // Adjacent victims of a region move out together: one MOVE (and
         // one TLB shootdown) per run, into consecutive staging slots.
-        isolated.sort_unstable_by_key(|(st, f)| (st.id, *f));
-        // (victim, slot in staging, which pages moved)
-        let mut moved: Vec<(Arc<RegionState>, usize, usize, Vec<bool>)> = Vec::new();
+        isolated.sort_unstable_by_key(|(st, f, _)| (st.id, *f));
+        let mut moved: Vec<MovedOut> = Vec::new();
         // Folios whose pages are shared with a forked child.
         let mut shared = Vec::new();
         let mut next_slot = 0;
         let mut i = 0;
         while i < isolated.len() {
             let (st, f0) = (Arc::clone(&isolated[i].0), isolated[i].1);
-            let k = isolated[i..].iter().enumerate().take_while(|(j, (s, f))| s.id == st.id && *f == f0 + j).count();
+            let k = isolated[i..].iter().enumerate().take_while(|(j, (s, f, _))| s.id == st.id && *f == f0 + j).count();
             let slot0 = next_slot;
+            let swapped: Vec<u64> = isolated[i..i + k].iter().map(|v| v.2).collect();
             next_slot += k;
             i += k;
-            for (j, m) in self.move_span(&st, f0, k, staging, slot0).into_iter().enumerate() {
-                let (f, slot) = (f0 + j, slot0 + j);
+            for (j, m) in self.move_span(&st, f0, k, staging, slot0, &swapped).into_iter().enumerate() {
+                let (f, slot, swapped) = (f0 + j, slot0 + j, swapped[j]);
                 let Moved { present, stuck, shared: is_shared } = m;
                 staging.mark(slot, &present);
                 if stuck && !present.contains(&true) {
                     // Nothing could move (mlocked, pinned, shared): it stays
                     // resident.
-                    self.finish(&st, f, |_| {
+                    self.finish(&st, f, |dropped| {
                         st.set_folio(f, Folio::Resident);
                         self.resident.fetch_add(1, Ordering::Relaxed);
+                        // Less what the program dropped meanwhile (`finish`
+                        // drops their entries).
+                        let gone =
+                            dropped.iter().enumerate().filter(|(_, &d)| d).fold(0u64, |a, (p, _)| a | 1 << (p % 64));
+                        self.set_swapped(&st, f, swapped & !gone);
                     });
                     if is_shared {
                         shared.push((Arc::clone(&st), f));
@@ -215,11 +223,11 @@ impl Inner {
                     pass.unevictable += 1;
                     continue;
                 }
-                moved.push((Arc::clone(&st), f, slot, present));
+                moved.push(MovedOut { st: Arc::clone(&st), f, slot, present, swapped });
             }
         }
         let n = moved.len();
-        for (st, f, slot, present) in &moved {
+        for MovedOut { st, f, slot, present, swapped } in &moved {
             let slot = *slot;
             // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
@@ -230,8 +238,10 @@ impl Inner {
             // entries kept, the pages that moved keep theirs where the
             // bytes are unchanged (`store_reusing` compares them).
             let reuse = st.cached[*f].swap(false, Ordering::Relaxed);
+            // Pages a partial load left in the tier keep their entries.
+            let in_tier = |i: usize| i < 64 && swapped >> i & 1 != 0;
             if present.contains(&false) {
-                for p in self.folio_pages(st, *f).filter(|&p| !present[p - f * ppf]) {
+                for p in self.folio_pages(st, *f).filter(|&p| !present[p - f * ppf] && !in_tier(p - f * ppf)) {
                     self.tier.invalidate(st.key(p));
                 }
             }
@@ -261,9 +271,12 @@ impl Inner {
                     inc(&self.counters.evicted_folios);
                     pass.evicted += 1;
                 } else {
-                    // Keep the pages as they are (what was stored goes).
-                    for p in 0..ppf {
-                        self.tier.invalidate(st.key(f * ppf + p));
+                    // Keep the pages as they are (what was stored goes;
+                    // pages left in the tier by a partial load stay there).
+                    for &(p, n) in &runs {
+                        for q in p..p + n {
+                            self.tier.invalidate(st.key(f * ppf + q));
+                        }
                     }
                     let present: Vec<bool> = present.iter().zip(dropped).map(|(&p, &d)| p && !d).collect();
                     if let Some(data) = kept.filter(|_| present.contains(&true)) {
@@ -380,7 +393,18 @@ impl Inner {
     /// reads zeros there. So after any MOVE that failed or came up short,
     /// which pages moved is read from the slots' page tables: the slots
     /// were empty before, so what they hold now is what moved.
-    pub(super) fn move_span(&self, st: &RegionState, f: usize, k: usize, staging: &Staging, slot: usize) -> Vec<Moved> {
+    ///
+    /// `swapped` (one mask per folio) are pages a partial load left in the
+    /// tier: they are not mapped, and are stepped over as holes are.
+    pub(super) fn move_span(
+        &self,
+        st: &RegionState,
+        f: usize,
+        k: usize,
+        staging: &Staging,
+        slot: usize,
+        swapped: &[u64],
+    ) -> Vec<Moved> {
         let fs = self.cfg.folio_size as u64;
         let ppf = fs as usize / PAGE_SIZE;
         let span = fs * k as u64;
@@ -409,7 +433,10 @@ impl Inner {
         }
         let mut off = 0u64;
         while off < span {
-            let hole = |off: u64| holes.as_ref().is_some_and(|h| h[off as usize / PAGE_SIZE]);
+            let hole = |off: u64| {
+                let p = off as usize / PAGE_SIZE;
+                holes.as_ref().is_some_and(|h| h[p]) || (p % ppf < 64 && swapped[p / ppf] >> (p % ppf) & 1 != 0)
+            };
             if hole(off) {
                 off += PAGE_SIZE as u64;
                 continue;
@@ -485,6 +512,19 @@ impl Inner {
             self.finish_forward(&to, j);
         }
     }
+}
+
+/// A victim whose pages moved to staging, to store.
+struct MovedOut {
+    st: Arc<RegionState>,
+    f: usize,
+    /// Its slot in staging.
+    slot: usize,
+    /// Which of its pages moved.
+    present: Vec<bool>,
+    /// Which were left in the tier by a partial load (they keep their
+    /// entries).
+    swapped: u64,
 }
 
 /// What [`Inner::move_span`] did to one folio.

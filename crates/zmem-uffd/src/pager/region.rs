@@ -49,11 +49,18 @@ pub(super) struct RegionState {
     /// would come back with zeros there. It leaves the lists until the
     /// program drops it whole.
     pub(super) poisoned: Box<[AtomicBool]>,
+    /// Pages of a Resident folio that a partial load left in the tier (bit
+    /// `i`: page `i` of the folio), as a PTE holding a swap entry: not
+    /// mapped, their entries the only copy. A fault on one loads it
+    /// (`fault.rs`, `FaultAround`). Zero for a folio in any other state;
+    /// written under the folio's stripe lock, through `Inner::set_swapped`
+    /// and `Inner::clear_swapped`, which keep `Inner::swapped_pages`.
+    pub(super) swapped: Box<[AtomicU64]>,
 }
 
 /// Bytes of folio table per folio: state, referenced, queued, cached,
-/// poisoned.
-pub(super) const FOLIO_TABLE_BYTES: usize = 5;
+/// poisoned (one each) and swapped (8).
+pub(super) const FOLIO_TABLE_BYTES: usize = 13;
 
 impl RegionState {
     /// The tier key of page `page` of this region.
@@ -299,12 +306,13 @@ impl Drop for Region {
                 g = unpoison(cv.wait(g));
             }
             let old = st.swap_folio(f, Folio::Never);
+            let swapped = inner.clear_swapped(st, f, u64::MAX);
             drop(g);
             if old == Folio::Resident {
                 inner.resident.fetch_sub(1, Ordering::Relaxed);
                 inner.dropped.lock_ok().remove(&(st.id, f));
             }
-            if old == Folio::Evicted || st.cached[f].swap(false, Ordering::Relaxed) {
+            if old == Folio::Evicted || st.cached[f].swap(false, Ordering::Relaxed) || swapped != 0 {
                 inner.invalidate_folio(st, f);
             }
         }
@@ -367,6 +375,7 @@ impl Inner {
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             cached: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             poisoned: (0..nf).map(|_| AtomicBool::new(false)).collect(),
+            swapped: (0..nf).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 }

@@ -79,7 +79,17 @@ pub struct PagerStats {
     pub shared_parks: u64,
     /// Resident bytes set aside so now.
     pub shared_bytes: u64,
+    /// Bytes mapped in resident folios (pages a partial load left in the
+    /// tier not counted).
     pub resident_bytes: u64,
+    /// Faults on an evicted folio that loaded only the pages around the
+    /// faulting one (`PagerConfig::fault_around`): a fault that continued
+    /// no read-ahead stream.
+    pub partial_load_faults: u64,
+    /// Faults on a page a partial load left in the tier.
+    pub swapped_page_faults: u64,
+    /// Bytes of resident folios' pages left in the tier by partial loads.
+    pub swapped_bytes: u64,
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
@@ -124,6 +134,8 @@ pub(super) struct Counters {
     pub(super) split_regions: AtomicU64,
     pub(super) write_scans: AtomicU64,
     pub(super) written_folios: AtomicU64,
+    pub(super) partial_load_faults: AtomicU64,
+    pub(super) swapped_page_faults: AtomicU64,
 }
 
 pub(super) fn inc(c: &AtomicU64) {
@@ -171,7 +183,10 @@ impl Pager {
             split_regions: r(&c.split_regions),
             write_scans: r(&c.write_scans),
             written_folios: r(&c.written_folios),
-            resident_bytes: (self.inner.resident.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
+            resident_bytes: self.inner.resident_bytes() as u64,
+            swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
+            partial_load_faults: r(&c.partial_load_faults),
+            swapped_page_faults: r(&c.swapped_page_faults),
             metadata_bytes: self.inner.metadata() as u64,
             managed_bytes,
             metadata_bytes_per_page: if managed_bytes == 0 {
