@@ -882,7 +882,7 @@ fn stats_when(p: &Pager, ready: impl Fn(&zmem_uffd::PagerStats) -> bool) -> zmem
 
 /// A fault that continues no sequential stream loads only its page
 /// (`PagerConfig::fault_around`); the rest of the folio stays in the tier
-/// and comes in when touched: a walk up the folio in one more fault.
+/// and comes in when touched: a walk up the folio in a few more faults.
 /// Folios so left partly in the tier are evicted again (their pages in the
 /// tier keep their entries), dropped in part, moved and freed, and every
 /// byte is as written.
@@ -899,8 +899,8 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
         write_page(&r, pg, 1);
     }
     p.reclaim_now();
-    // One page of a folio, then the page after it: the second fault loads
-    // the rest of the folio, and the walk up it faults no more.
+    // One page of a folio, then on up it: each fault on the way loads twice
+    // the run mapped below it (pages 5-6, 7-12, 13-15).
     let f = pages / ppf / 2;
     let before = p.stats();
     assert!(!r.is_resident(f * ppf * PAGE_SIZE), "folio {f} was evicted: {before:?}");
@@ -912,8 +912,8 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
     for pg in first + 1..(f + 1) * ppf {
         assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
     }
-    let s = stats_when(&p, |s| s.swapped_page_faults > before.swapped_page_faults);
-    assert_eq!(s.swapped_page_faults - before.swapped_page_faults, 1, "{s:?}");
+    let s = stats_when(&p, |s| s.swapped_page_faults >= before.swapped_page_faults + 3);
+    assert_eq!(s.swapped_page_faults - before.swapped_page_faults, 3, "{s:?}");
     assert_eq!(s.load_faults - before.load_faults, 1, "{s:?}");
     // A page left in the tier that the program drops reads as zeros; the
     // pages beside it are intact.
