@@ -42,8 +42,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
     /// Pin the measuring thread to CPU 0 and the handlers to the same CPU
-    /// (`same`), to CPU 1 (`other`), or pin nothing (`none`).
-    #[arg(long, default_value = "none", value_parser = ["none", "same", "other"])]
+    /// (`same`), to CPU 1 (`other`), or pin nothing (`none`); or a handler
+    /// on each of CPUs 0 and 1, the measuring thread free (`percpu`;
+    /// `--handlers` is then 2).
+    #[arg(long, default_value = "none", value_parser = ["none", "same", "other", "percpu"])]
     pin: String,
     /// Turn write tracking off for the latency and fill parts.
     #[arg(long)]
@@ -123,15 +125,22 @@ fn pager(args: &Args, limit: usize, folio: usize, tier: TierConfig) -> Result<Pa
     cfg.folio_size = folio;
     cfg.tier = tier;
     cfg.handler_threads = args.handlers;
-    // One fault's latency, alone: folios loaded ahead would not fault.
+    // One fault's latency, alone: folios loaded ahead would not fault. And
+    // a whole folio per fault (with no stream, a fault would load only its
+    // page: `fault_around`), so that the figures are per 4 KiB of a folio.
     cfg.read_ahead = 0;
+    cfg.fault_around = 0;
     cfg.track_writes = !args.no_track_writes;
     cfg.handler_spin = std::time::Duration::from_micros(args.spin_us);
     cfg.handler_cpus = match args.pin.as_str() {
         "same" => vec![0],
         "other" => vec![1],
+        "percpu" => vec![0, 1],
         _ => Vec::new(),
     };
+    if args.pin == "percpu" {
+        cfg.handler_threads = 2;
+    }
     Ok(Pager::new(cfg)?)
 }
 
@@ -142,8 +151,11 @@ fn refault(args: &Args, limit: usize, folio: usize, track_writes: bool) -> Resul
     cfg.folio_size = folio;
     cfg.track_writes = track_writes;
     cfg.handler_threads = args.handlers;
-    // One fault's latency, alone: folios loaded ahead would not fault.
+    // One fault's latency, alone: folios loaded ahead would not fault. And
+    // a whole folio per fault (with no stream, a fault would load only its
+    // page: `fault_around`), so that the figures are per 4 KiB of a folio.
     cfg.read_ahead = 0;
+    cfg.fault_around = 0;
     let p = Pager::new(cfg)?;
     let hot_len = limit / 10;
     let r = p.map(hot_len + 4 * limit)?;
@@ -178,7 +190,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let limit = args.limit_mib << 20;
     let ppf = folio / PAGE_SIZE;
-    if args.pin != "none" {
+    if args.pin != "none" && args.pin != "percpu" {
         let mut set = rustix::thread::CpuSet::new();
         set.set(0);
         rustix::thread::sched_setaffinity(None, &set)?;

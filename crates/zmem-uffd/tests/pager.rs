@@ -68,8 +68,22 @@ fn never_touched_memory_reads_zero_and_keeps_what_is_written() {
 #[test]
 fn a_region_4x_the_limit_survives_8_threads_of_random_reads_and_writes() {
     let _wd = watchdog("4x", 300);
-    let limit = 8 << 20;
-    let p = Arc::new(pager(limit));
+    random_reads_and_writes(PagerConfig::with_limit(8 << 20));
+}
+
+/// The same with a handler per CPU, each pinned (`zmem bench fault --pin
+/// percpu`): two handlers read the same userfaultfd and serve its faults
+/// side by side.
+#[test]
+fn handlers_pinned_one_per_cpu_serve_8_threads_of_random_reads_and_writes() {
+    let _wd = watchdog("4x-percpu", 300);
+    let cfg = PagerConfig { handler_threads: 2, handler_cpus: vec![0, 1], ..PagerConfig::with_limit(8 << 20) };
+    random_reads_and_writes(cfg);
+}
+
+fn random_reads_and_writes(cfg: PagerConfig) {
+    let limit = cfg.limit;
+    let p = Arc::new(Pager::new(cfg).unwrap());
     let r = Arc::new(p.map(4 * limit).unwrap());
     let pages = r.len() / PAGE_SIZE;
     let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
