@@ -68,7 +68,11 @@ fn wait_evicted(p: &Pager, at_least: u64) {
 /// every page `p` of which is then written with tag `p`. Returns the pager,
 /// the mapping's address and its pages.
 fn adopted_and_written(len: usize) -> (Pager, usize, usize) {
-    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    adopted_and_written_with(len, PagerConfig::with_limit(4 * MIB))
+}
+
+fn adopted_and_written_with(len: usize, cfg: PagerConfig) -> (Pager, usize, usize) {
+    let pager = Pager::new(cfg).unwrap();
     let base = mmap(0, len);
     assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
     let pages = len / PAGE_SIZE;
@@ -279,7 +283,8 @@ fn a_folio_across_two_mappings_is_evicted_whole() {
 fn a_partial_mremap_of_an_evicted_region_keeps_every_page_where_it_went() {
     let _wd = watchdog("partial mremap", 120);
     let len = 24 * MIB;
-    let (pager, base, pages) = adopted_and_written(len);
+    let cfg = PagerConfig { fault_around: 4 << 10, ..PagerConfig::with_limit(4 * MIB) };
+    let (pager, base, pages) = adopted_and_written_with(len, cfg);
     wait_evicted(&pager, (16 * MIB / (64 << 10)) as u64);
     // Pages [from, from + n) move, starting 3 pages into a folio and ending
     // 5 pages into another.

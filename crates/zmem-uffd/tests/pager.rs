@@ -658,6 +658,7 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
     let _wd = watchdog("fork", 120);
     let mut cfg = PagerConfig::with_limit(4 << 20);
     cfg.keep_on_fork = true;
+    cfg.fault_around = 4 << 10;
     let p = Pager::new(cfg).unwrap();
     let r = p.map(16 << 20).unwrap();
     let pages = r.len() / PAGE_SIZE;
@@ -904,7 +905,7 @@ fn stats_when(p: &Pager, ready: impl Fn(&zmem_uffd::PagerStats) -> bool) -> zmem
 fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
     let _wd = watchdog("fault-around", 120);
     let limit = 8 << 20;
-    let p = pager(limit);
+    let p = Pager::new(PagerConfig { fault_around: 4 << 10, ..PagerConfig::with_limit(limit) }).unwrap();
     let r = p.map(32 << 20).unwrap();
     let pages = r.len() / PAGE_SIZE;
     let ppf = (64 << 10) / PAGE_SIZE;
