@@ -44,6 +44,10 @@ pub struct Args {
     /// No chaos thread: reads and writes only.
     #[arg(long)]
     calm: bool,
+    /// `PagerConfig::fault_around`, bytes: partial loads (off by default;
+    /// the soak finds pages read back wrong with 4096).
+    #[arg(long, default_value_t = 0)]
+    fault_around: usize,
     #[arg(long)]
     json: bool,
 }
@@ -114,6 +118,7 @@ pub fn run(args: &Args) -> Result<()> {
     let limit = args.limit_mib << 20;
     let mut cfg = PagerConfig::with_limit(limit);
     cfg.keep_on_fork = true;
+    cfg.fault_around = args.fault_around;
     cfg.tier = TierConfig { memory_budget: limit, max_pool_percent: 25, ..TierConfig::default() }
         .with_swap_dir(args.swap_dir.clone(), true);
     let pager = Arc::new(Pager::new(cfg)?);
