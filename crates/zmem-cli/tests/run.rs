@@ -143,7 +143,7 @@ fn relative_swap_and_stats_directories_survive_the_program_changing_directory() 
 /// multiprocessing pool (fork) reading the parent's blocks, and a daemon
 /// that double-forks and checks everything after its first parent exited.
 const PY_FORK: &str = r#"
-import hashlib, os, sys, time, multiprocessing as mp
+import ctypes, hashlib, json, os, sys, time, multiprocessing as mp
 mib = int(sys.argv[1])
 text = b''.join(hashlib.sha256(i.to_bytes(4, 'little')).hexdigest().encode() for i in range(16384))
 blocks = []
@@ -153,8 +153,30 @@ for i in range(mib):
     blocks.append(b)
 def check(i):
     return blocks[i][:8] == i.to_bytes(8, 'little') and blocks[i][8:] == text[8:]
+# A forked process's pager adopts what it inherited from its reclaim
+# thread's first scan: wait (bounded) until its own stats say so.
+stats = ctypes.CDLL(None).zmem_stats_json
+stats.argtypes, stats.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_ssize_t
+def adopted():
+    buf = ctypes.create_string_buffer(1 << 16)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        n = stats(buf, len(buf))
+        assert 0 < n < len(buf), n
+        if json.loads(buf.value)['pager']['adopted_bytes'] >= mib << 20:
+            return True
+        time.sleep(0.01)
+    return False
+worker_adopted = None
+def worker_init():
+    global worker_adopted
+    worker_adopted = adopted()
+def worker_check(i):
+    return worker_adopted and check(i)
 pid = os.fork()
 if pid == 0:
+    if not adopted():
+        os._exit(4)
     ok = all(check(i) for i in range(mib))
     for b in blocks:
         b[8:16] = b'childxxx'
@@ -167,15 +189,16 @@ assert st == 0, ('child', st)
 for i, b in enumerate(blocks):
     b[16:24] = text[16:24]
     assert check(i), ('parent', i)
-with mp.get_context('fork').Pool(2) as pool:
-    assert all(pool.map(check, range(mib), chunksize=8)), 'pool'
+with mp.get_context('fork').Pool(2, initializer=worker_init) as pool:
+    assert all(pool.map(worker_check, range(mib), chunksize=8)), 'pool'
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     if os.fork() == 0:
         os.close(r)
         time.sleep(0.3)
-        os.write(w, b'ok' if os.getppid() != pid and all(check(i) for i in range(mib)) else b'bad')
+        ok = os.getppid() != pid and adopted() and all(check(i) for i in range(mib))
+        os.write(w, b'ok' if ok else b'bad')
         os._exit(0)
     os._exit(0)
 os.close(w)
@@ -188,19 +211,14 @@ print("fork ok", mib)
 /// Python with 128 MiB of blocks under 32M (4x) forks a child that checks
 /// and rewrites them, a `multiprocessing` fork pool whose workers check
 /// them, and a double-forking daemon that checks them after its first
-/// parent has exited. Every forked process runs a pager of its own, which
-/// adopted what it inherited (the parent evicted: `run_managed` checks).
+/// parent has exited. Every forked process runs a pager of its own: the
+/// child, each pool worker and the daemon wait (through
+/// `zmem_stats_json`) until theirs has adopted what they inherited before
+/// they check it, and fail if it never does (the parent evicted:
+/// `run_managed` checks).
 #[test]
 fn forked_children_pools_and_daemons_see_the_parents_memory() {
-    let o = run_managed("py-fork", "32M", &["python3", "-c", PY_FORK, "128"], "fork ok 128", 300);
-    let stats = std::env::temp_dir().join(format!("zmem-run-test-py-fork-stats-{}", std::process::id()));
-    let adopting = std::fs::read_dir(&stats)
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter(|v| v["pager"]["adopted_bytes"].as_u64() >= Some(128 << 20))
-        .count();
-    assert!(adopting >= 4, "{adopting} processes adopted the blocks; {}", text(&o));
+    run_managed("py-fork", "32M", &["python3", "-c", PY_FORK, "128"], "fork ok 128", 300);
 }
 
 /// vfork (CPython's subprocess) and posix_spawn run no atfork handlers:
