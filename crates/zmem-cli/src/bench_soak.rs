@@ -255,11 +255,12 @@ pub fn run(args: &Args) -> Result<()> {
             totals.forks.load(Ordering::Relaxed)
         );
         println!(
-            "      evicted {} folios, loaded {}, {} rejected; {} pages written back, {} writeback failures, \
-             {} injected codec failures, {} allocation failures",
+            "      evicted {} folios, loaded {}, {} rejected, {} pages fenced; {} pages written back, \
+             {} writeback failures, {} injected codec failures, {} allocation failures",
             ps.evicted_folios,
             ps.load_faults,
             ps.eviction_rejects,
+            ps.fenced_pages,
             ts.written_back_pages,
             ts.reject_reclaim_fail,
             ts.reject_compress_fail,

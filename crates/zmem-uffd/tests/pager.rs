@@ -724,6 +724,56 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
     }
 }
 
+/// A page the program drops while a fork's loads (on the forking thread,
+/// not the handler) bring its folio back reads as zeros, and keeps what it
+/// is written afterwards. The loads read the folio from the tier, then
+/// COPY it (300 ms later here); the drop comes in between. The kernel zaps
+/// the page once the handler has read the REMOVE, so a COPY after that put
+/// the old bytes back: the program read them after its own MADV_DONTNEED,
+/// and lost what it wrote next at the following eviction (the page was
+/// remembered as dropped). `zmem bench soak --fault-around 4096` found it.
+#[test]
+fn a_page_dropped_while_a_fork_loads_its_folio_reads_zeros_and_keeps_what_is_written() {
+    let _wd = watchdog("fork-drop", 120);
+    let mut cfg = PagerConfig::with_limit(4 << 20);
+    cfg.keep_on_fork = true;
+    cfg.inject_copy_delay = Duration::from_millis(300);
+    let p = Arc::new(Pager::new(cfg).unwrap());
+    let r = p.map(16 << 20).unwrap();
+    let (pages, ppf) = (r.len() / PAGE_SIZE, 16);
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    let f = (0..pages / ppf).find(|&f| !r.is_resident(f * ppf * PAGE_SIZE)).expect("an evicted folio");
+    // Every other folio is dropped whole: the fork loads only folio f.
+    let madvise = |pg: usize, n: usize| {
+        let a = (r.addr() + (pg * PAGE_SIZE) as u64) as usize;
+        // SAFETY: pages of our region, reached only through atomics.
+        unsafe { rustix::mm::madvise(a as *mut _, n * PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }.unwrap();
+    };
+    madvise(0, f * ppf);
+    madvise((f + 1) * ppf, pages - (f + 1) * ppf);
+    let dropped = f * ppf + 5;
+    std::thread::scope(|s| {
+        let fork = s.spawn(|| p.fork_prepare());
+        std::thread::sleep(Duration::from_millis(100));
+        madvise(dropped, 1);
+        let w = r.words();
+        let left = (0..WORDS).filter(|&i| w[dropped * WORDS + i].load(Ordering::Relaxed) != 0).count();
+        assert_eq!(left, 0, "page {dropped} kept {left} words after MADV_DONTNEED");
+        write_page(&r, dropped, 2);
+        fork.join().unwrap();
+    });
+    p.fork_parent();
+    // Evicted again and read back: the page written after the drop kept
+    // what was written.
+    p.reclaim_now();
+    for pg in f * ppf..(f + 1) * ppf {
+        assert_eq!(check_page(&r, pg, if pg == dropped { 2 } else { 1 }), 0, "page {pg}");
+    }
+}
+
 /// A sequential read of an evicted region loads folios ahead of its
 /// faults (with headroom under the limit), every byte intact; with
 /// read-ahead off, every folio is a fault of its own.

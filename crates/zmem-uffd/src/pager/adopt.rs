@@ -191,7 +191,7 @@ impl Inner {
         // Every event already read is in the table first: an mremap or a
         // munmap returns once its event is read, not handled, and a
         // region the handler is about to move here must be seen here.
-        drop(self.events.lock_ok());
+        drop(self.events.read_ok());
         {
             let mut regions = self.regions.write_ok();
             // Never a second region over memory a region has. zmem's own

@@ -91,6 +91,11 @@ pub struct PagerConfig {
     /// registering a range, before it reads which pages are present.
     #[doc(hidden)]
     pub inject_adopt_delay: Duration,
+    /// Fault injection for tests: a load sleeps this long between reading
+    /// a folio from the tier and COPYing it, widening the window a
+    /// REMOVE must never slip through (`copy_folio`).
+    #[doc(hidden)]
+    pub inject_copy_delay: Duration,
 }
 
 /// Which of the program's mappings a scan adopts, and how often it looks.
@@ -153,6 +158,7 @@ impl PagerConfig {
             read_ahead: defaults::READ_AHEAD_BYTES,
             fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,
+            inject_copy_delay: Duration::ZERO,
             inject_adopt_delay: Duration::ZERO,
         }
     }

@@ -223,7 +223,7 @@ impl Inner {
                     return;
                 }
             }
-            let guard = self.events.lock_ok();
+            let guard = self.events.write_ok();
             let Ok(events) = self.uffd.read_events(64) else { return };
             // Where regions are (REMAP) and which parts the program unmapped
             // (UNMAP), before anyone may look (`Region::drop`). The regions
@@ -231,14 +231,21 @@ impl Inner {
             // region adopted once the guard is gone (the program mapped the
             // range again) is not the one the event is about. Each is taken
             // with its address then (a later REMAP may move it).
+            // The kernel zaps a REMOVE's or UNMAP's range once its event is
+            // read: from here until `drop_range` is done with it, no COPY
+            // may put the old bytes back there (`dropping`).
             let mut drops: VecDeque<Vec<(Arc<RegionState>, u64)>> = VecDeque::new();
             for ev in &events {
                 match *ev {
                     Event::Unmap { start, end } => {
                         self.note_unmapped(start, end);
                         drops.push_back(self.regions_at(start, end));
+                        self.dropping.lock_ok().push((start, end));
                     }
-                    Event::Remove { start, end } => drops.push_back(self.regions_at(start, end)),
+                    Event::Remove { start, end } => {
+                        drops.push_back(self.regions_at(start, end));
+                        self.dropping.lock_ok().push((start, end));
+                    }
                     Event::Remap { from, to, len } => self.remap(from, to, len),
                     _ => {}
                 }
@@ -257,6 +264,10 @@ impl Inner {
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
                         let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
                         self.drop_range(&regions, start, end);
+                        let mut d = self.dropping.lock_ok();
+                        if let Some(i) = d.iter().position(|&r| r == (start, end)) {
+                            d.swap_remove(i);
+                        }
                     }
                     Event::Remap { .. } | Event::Fork { .. } | Event::Unknown(_) => {}
                 }
@@ -423,7 +434,6 @@ impl Inner {
         bounce: &mut [u8],
         keep: bool,
     ) -> Served {
-        let folio_addr = st.start.load(Ordering::Acquire) + (f * bounce.len()) as u64;
         let ppf = bounce.len() / PAGE_SIZE;
         let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
         let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
@@ -457,7 +467,7 @@ impl Inner {
             (None, _) => holes.clone(),
             (Some(_), h) => Some((0..ppf).map(|p| !wanted(p) || h.as_ref().is_some_and(|h| h[p])).collect()),
         };
-        if self.copy_folio(st, folio_addr, bounce, &bad, skip.as_deref()) == Served::Again {
+        if self.copy_folio(st, f, bounce, &bad, skip.as_deref()) == Served::Again {
             // Nothing is lost: the entries are still in the tier.
             return Served::Again;
         }
@@ -583,15 +593,45 @@ impl Inner {
     /// and poisons the `bad` pages (or zero-fills them where the kernel
     /// lacks UFFDIO_POISON). On `Again`, what was done stays (a retry steps
     /// over it).
-    fn copy_folio(&self, st: &RegionState, dst: u64, src: &[u8], bad: &[bool], holes: Option<&[bool]>) -> Served {
+    ///
+    /// Pages in a range being dropped (`dropping`) are stepped over too,
+    /// and whoever waits on them is woken: the program dropped them, so
+    /// what the tier holds for them is gone (`drop_range` is about to
+    /// invalidate it), and they read as zeros on the next fault. `events`
+    /// is held (read) from that check until the COPYs are done, so no
+    /// REMOVE or UNMAP is read in between: one read before is in
+    /// `dropping`, one not yet read fails the COPY with EAGAIN. It is only
+    /// tried (the caller holds a stripe lock, and the lock order is
+    /// `events` first): `Again` while a handler reads events. Under it,
+    /// the folio's address and holes are current too (a REMAP or UNMAP
+    /// read since the caller looked is seen here).
+    ///
+    /// Folio `f` of `st` gets `src`, less the pages `skip` names.
+    fn copy_folio(&self, st: &RegionState, f: usize, src: &[u8], bad: &[bool], skip: Option<&[bool]>) -> Served {
+        let _events = match self.events.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Served::Again,
+        };
+        if !self.cfg.inject_copy_delay.is_zero() {
+            std::thread::sleep(self.cfg.inject_copy_delay);
+        }
         let ppf = src.len() / PAGE_SIZE;
-        let hole = |p: usize| holes.is_some_and(|h| h[p]);
+        let dst = st.start.load(Ordering::Acquire) + (f * src.len()) as u64;
+        let holes = st.holes_in(f * ppf, ppf);
+        let fenced = self.fenced(dst, ppf);
+        let fence = |p: usize| fenced.as_ref().is_some_and(|d| d[p]);
+        let hole = |p: usize| skip.is_some_and(|h| h[p]) || holes.as_ref().is_some_and(|h| h[p]);
         let mut p = 0;
         while p < ppf {
-            let run = (p..ppf).take_while(|&q| bad[q] == bad[p] && hole(q) == hole(p)).count();
+            let run = (p..ppf).take_while(|&q| bad[q] == bad[p] && hole(q) == hole(p) && fence(q) == fence(p)).count();
             let (a, n) = (dst + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
             let r = if hole(p) {
                 // Unmapped by the program: not ours to fill any more.
+                Served::Done
+            } else if fence(p) {
+                inc(&self.counters.fenced_pages);
+                let _ = self.uffd.wake(a, n);
                 Served::Done
             } else if bad[p] && self.poison {
                 match self.uffd.poison(a, n) {
@@ -611,6 +651,18 @@ impl Inner {
             p += run;
         }
         Served::Done
+    }
+
+    /// Which of the `n` pages from `addr` lie in a range being dropped
+    /// (`dropping`); `None` if none do.
+    fn fenced(&self, addr: u64, n: usize) -> Option<Vec<bool>> {
+        let d = self.dropping.lock_ok();
+        let end = addr + (n * PAGE_SIZE) as u64;
+        if !d.iter().any(|&(a, b)| a < end && addr < b) {
+            return None;
+        }
+        let page = |i: usize| addr + (i * PAGE_SIZE) as u64;
+        Some((0..n).map(|i| d.iter().any(|&(a, b)| a < page(i) + PAGE_SIZE as u64 && page(i) < b)).collect())
     }
 
     fn copy_run(&self, st: &RegionState, dst: u64, src: &[u8]) -> Served {

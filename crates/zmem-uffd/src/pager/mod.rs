@@ -192,9 +192,9 @@ struct Inner {
     /// folio's stripe lock.
     dropped: Mutex<HashMap<(u32, usize), Vec<bool>>>,
     /// Folios whose store was rejected: their pages, uncompressed, until a
-    /// fault maps them again. Reclaim never puts pages back itself: only
-    /// the handler maps pages, in event order, so a page the program
-    /// dropped can never come back.
+    /// fault maps them again. Reclaim never puts pages back itself: pages
+    /// are mapped only by loads, which step over what the program is
+    /// dropping (`dropping`), so a page it dropped never comes back.
     held: Mutex<HashMap<(u32, usize), Held>>,
     /// Folios that were Evicting when a partial mremap moved them (all or
     /// part) into a split-off region: by (region id, folio), the new
@@ -202,9 +202,19 @@ struct Inner {
     /// on when it finishes (`events.rs`).
     forwards: Mutex<HashMap<(u32, usize), Forward>>,
     held_bytes: AtomicUsize,
-    /// Held by the handler from reading a batch of events until it has
-    /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`).
-    events: Mutex<()>,
+    /// Written by a handler from reading a batch of events until it has
+    /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`) and
+    /// their dropped ranges (`dropping`). Read by reclaim over its MOVEs,
+    /// and by whoever COPYs pages into the program (a handler, or the
+    /// thread preparing a fork) over its COPYs: tried only, under a
+    /// stripe lock (`copy_folio`). Lock order: `events`, then stripe locks.
+    events: RwLock<()>,
+    /// The ranges of REMOVE and UNMAP events read but not yet dropped
+    /// (`drop_range`): from the read on, the kernel may zap them at any
+    /// moment, and a page COPYed there after the zap would come back with
+    /// its old bytes after the program dropped it. Every COPY of data
+    /// steps over them (`copy_folio`), under `events` (read).
+    dropping: Mutex<Vec<(u64, u64)>>,
     /// The limit is soft (see [`PagerStats::limit_soft_events`]).
     soft: AtomicBool,
     /// UFFDIO_POISON is available for pages that fail to load.
@@ -334,7 +344,8 @@ impl Pager {
             held: Mutex::new(HashMap::new()),
             forwards: Mutex::new(HashMap::new()),
             held_bytes: AtomicUsize::new(0),
-            events: Mutex::new(()),
+            events: RwLock::new(()),
+            dropping: Mutex::new(Vec::new()),
             soft: AtomicBool::new(false),
             poison,
             frozen: AtomicBool::new(false),

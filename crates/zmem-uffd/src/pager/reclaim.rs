@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zmem_common::{unpoison, LockExt};
+use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use zmem_tier::StoreOutcome;
 
@@ -426,7 +426,7 @@ impl Inner {
         // Holding it only while looking up left a window: the handler read
         // an UNMAP, the program grew its heap back over the range and wrote
         // there, and this MOVE took the new pages (they read as zeros).
-        let mut events = self.events.lock_ok();
+        let mut events = self.events.read_ok();
         let mut holes = st.holes_in(f * ppf, k * ppf);
         if !self.cfg.inject_move_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_move_delay);
@@ -461,7 +461,7 @@ impl Inner {
                     off += done;
                     drop(events);
                     std::thread::sleep(Duration::from_micros(20));
-                    events = self.events.lock_ok();
+                    events = self.events.read_ok();
                     holes = st.holes_in(f * ppf, k * ppf);
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays;

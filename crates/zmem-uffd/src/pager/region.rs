@@ -289,7 +289,7 @@ impl Drop for Region {
         // it lets go of it; a munmap or mremap the program made returned
         // only after its event was read, so once we have held the lock, the
         // address and the holes are current.
-        drop(inner.events.lock_ok());
+        drop(inner.events.read_ok());
         let addr = st.start.load(Ordering::Acquire);
         let mapped = st.mapped_parts();
         // Only what is still ours: a hole's addresses may belong to another

@@ -90,6 +90,9 @@ pub struct PagerStats {
     pub swapped_page_faults: u64,
     /// Bytes of resident folios' pages left in the tier by partial loads.
     pub swapped_bytes: u64,
+    /// Pages a load stepped over because the program was dropping them
+    /// (a REMOVE or UNMAP read, its `drop_range` not yet done).
+    pub fenced_pages: u64,
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
@@ -136,6 +139,7 @@ pub(super) struct Counters {
     pub(super) written_folios: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
+    pub(super) fenced_pages: AtomicU64,
 }
 
 pub(super) fn inc(c: &AtomicU64) {
@@ -187,6 +191,7 @@ impl Pager {
             swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
             swapped_page_faults: r(&c.swapped_page_faults),
+            fenced_pages: r(&c.fenced_pages),
             metadata_bytes: self.inner.metadata() as u64,
             managed_bytes,
             metadata_bytes_per_page: if managed_bytes == 0 {
