@@ -44,9 +44,9 @@ pub struct Args {
     /// No chaos thread: reads and writes only.
     #[arg(long)]
     calm: bool,
-    /// `PagerConfig::fault_around`, bytes: partial loads (off by default;
-    /// the soak finds pages read back wrong with 4096).
-    #[arg(long, default_value_t = 0)]
+    /// `PagerConfig::fault_around`, bytes: what a random fault loads of an
+    /// evicted folio (0: whole folios).
+    #[arg(long, default_value_t = zmem_common::defaults::FAULT_AROUND_BYTES)]
     fault_around: usize,
     #[arg(long)]
     json: bool,

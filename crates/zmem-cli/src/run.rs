@@ -11,7 +11,7 @@ use zmem_uffd::tree::Tree;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_ADOPT, \
+ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_ADOPT, \
 ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -40,6 +40,10 @@ pub struct Args {
     /// Eviction unit (4K..2M).
     #[arg(long)]
     folio: Option<String>,
+    /// How much of an evicted folio a fault that continues no sequential
+    /// stream loads, around the page (0: whole folios) [default: 4K].
+    #[arg(long)]
+    fault_around: Option<String>,
     /// Manage only the memory the shim sees mapped: no scan of the address
     /// space for the program's other mappings (its heap, its runtime's).
     #[arg(long)]
@@ -152,6 +156,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_WRITEBACK", args.no_writeback.then(|| "0".to_string()));
     set("ZMEM_THRESHOLD", args.threshold.clone());
     set("ZMEM_FOLIO", args.folio.clone());
+    set("ZMEM_FAULT_AROUND", args.fault_around.clone());
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     // Directories are made absolute here: the program may change its

