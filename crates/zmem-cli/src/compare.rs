@@ -5,9 +5,13 @@
 //! and peak footprint side by side, as a table and as JSON.
 //!
 //! Footprint is what the OS sees:
-//! - native and zmem: the peak of the process tree's summed RSS, sampled
-//!   every 20 ms (zmem's pool and metadata are in its RSS; its swap file is
-//!   written with O_DIRECT, so it holds no page cache);
+//! - native and zmem: the peak of the process tree's summed PSS
+//!   (`/proc/PID/smaps_rollup`), sampled every 20 ms. PSS shares each page
+//!   among the processes that map it, so pages a fork left shared count
+//!   once, as the cgroup counts them; summed RSS counted them once per
+//!   process (redis's BGSAVE child doubled its footprint). zmem's pool and
+//!   metadata are in its PSS; its swap file is written with O_DIRECT, so
+//!   it holds no page cache;
 //! - kernel: the cgroup's `max_usage_in_bytes` plus the peak of zswap's
 //!   `pool_total_size`, which cgroup v1 does not charge to the cgroup.
 
@@ -101,7 +105,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// Runs `cmd` to the end, sampling the footprint every 20 ms: the process
-/// tree's RSS, or (for a kernel run) zswap's pool size alone.
+/// tree's PSS, or (for a kernel run) zswap's pool size alone.
 fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Result<Outcome> {
     // The program's output goes to stderr: stdout is the report's.
     cmd.stdout(std::io::stderr());
@@ -113,7 +117,7 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        let now = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { tree_rss(root) };
+        let now = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { tree_pss(root) };
         peak = peak.max(now);
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -127,8 +131,10 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
     })
 }
 
-/// The summed RSS of `root` and all its descendants (from /proc).
-fn tree_rss(root: u32) -> u64 {
+/// The summed PSS of `root` and all its descendants (from /proc): a
+/// process whose `smaps_rollup` cannot be read (it is exiting) counts its
+/// RSS.
+fn tree_pss(root: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
     let mut parent: HashMap<u32, u32> = HashMap::new();
     let mut rss: HashMap<u32, u64> = HashMap::new();
@@ -157,7 +163,17 @@ fn tree_rss(root: u32) -> u64 {
         }
         false
     };
-    rss.iter().filter(|(&p, _)| in_tree(p)).map(|(_, &pages)| pages * zmem_common::PAGE_SIZE as u64).sum()
+    rss.iter()
+        .filter(|(&p, _)| in_tree(p))
+        .map(|(&p, &pages)| pss(p).unwrap_or(pages * zmem_common::PAGE_SIZE as u64))
+        .sum()
+}
+
+/// A process's PSS, bytes, from its `smaps_rollup`.
+fn pss(pid: u32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb = t.lines().find_map(|l| l.strip_prefix("Pss:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    Some(kb << 10)
 }
 
 fn report(out: &[Outcome], json: bool) {
