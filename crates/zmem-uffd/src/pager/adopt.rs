@@ -30,7 +30,8 @@
 //!    reports for the range finds the region;
 //! 3. read which pages are present (`/proc/self/pagemap`) and make their
 //!    folios Resident, under their stripe locks (a fault may have been
-//!    first).
+//!    first); the other pages of such a folio were never touched, and get
+//!    the zero page then (`zero_absent`), not a fault each later.
 //!
 //! The program keeps the mapping: it may unmap it (UNMAP events make holes;
 //! a region with nothing left is forgotten, `retire`), move it (REMAP), or
@@ -280,6 +281,7 @@ impl Inner {
                     let _g = lock.lock_ok();
                     if st.folio(f) == Folio::Never {
                         self.became_resident(&st, f);
+                        self.zero_absent(&st, f, chunk);
                     }
                 }
             }
@@ -289,6 +291,37 @@ impl Inner {
             self.kick_reclaim();
         }
         Ok(len)
+    }
+
+    /// Folio `f` of `st`, just adopted as Resident because some of its
+    /// pages are present (`present`): its other pages were never touched,
+    /// and get the zero page now, in one ioctl per run, as the kernel's
+    /// fault would give them. Left alone, each cost a fault round trip on
+    /// its first touch (Python: ~1,100 a run, 60-100 µs each). A page
+    /// touched meanwhile (EEXIST) or a pending event (EAGAIN) ends a run
+    /// early: its pages fault as before. Never in a hole, so only while
+    /// no handler is reading events (as `copy_folio`). The caller holds
+    /// the folio's stripe lock.
+    fn zero_absent(&self, st: &RegionState, f: usize, present: &[bool]) {
+        if present.iter().all(|&m| m) {
+            return;
+        }
+        let Ok(_events) = self.events.try_read() else { return };
+        let ppf = present.len();
+        let holes = st.holes_in(f * ppf, ppf);
+        let absent: Vec<bool> = (0..ppf).map(|j| !present[j] && !holes.as_ref().is_some_and(|h| h[j])).collect();
+        let folio_addr = st.start.load(Ordering::Acquire) + (f * self.cfg.folio_size) as u64;
+        let mut j = 0;
+        while j < ppf {
+            let run = absent[j..].iter().take_while(|&&a| a == absent[j]).count();
+            if absent[j] {
+                let a = folio_addr + (j * PAGE_SIZE) as u64;
+                if st.zero_fill(&self.uffd, a, (run * PAGE_SIZE) as u64).is_ok() {
+                    self.counters.adopted_zero_pages.fetch_add(run as u64, Ordering::Relaxed);
+                }
+            }
+            j += run;
+        }
     }
 
     /// Forgets an adopted region the program has unmapped all of.

@@ -93,6 +93,9 @@ pub struct PagerStats {
     /// Pages a load stepped over because the program was dropping them
     /// (a REMOVE or UNMAP read, its `drop_range` not yet done).
     pub fenced_pages: u64,
+    /// Never-touched pages of folios partly present at adoption that got
+    /// the zero page then (`zero_absent`), rather than a fault each later.
+    pub adopted_zero_pages: u64,
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
@@ -140,6 +143,7 @@ pub(super) struct Counters {
     pub(super) partial_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
     pub(super) fenced_pages: AtomicU64,
+    pub(super) adopted_zero_pages: AtomicU64,
 }
 
 pub(super) fn inc(c: &AtomicU64) {
@@ -192,6 +196,7 @@ impl Pager {
             partial_load_faults: r(&c.partial_load_faults),
             swapped_page_faults: r(&c.swapped_page_faults),
             fenced_pages: r(&c.fenced_pages),
+            adopted_zero_pages: r(&c.adopted_zero_pages),
             metadata_bytes: self.inner.metadata() as u64,
             managed_bytes,
             metadata_bytes_per_page: if managed_bytes == 0 {
