@@ -102,6 +102,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "swapped_page_faults": p.swapped_page_faults,
             "fenced_pages": p.fenced_pages,
             "adopted_zero_pages": p.adopted_zero_pages,
+            "stray_zero_pages": p.stray_zero_pages,
             "swapped_bytes": p.swapped_bytes,
             "zero_ahead_folios": p.zero_ahead_folios,
             "adoption_cuts": p.adoption_cuts,

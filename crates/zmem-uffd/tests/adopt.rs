@@ -210,6 +210,32 @@ fn never_touched_pages_of_a_folio_partly_present_at_adoption_cost_no_fault() {
     assert_eq!(bad, 0);
 }
 
+/// The tail of an adopted mapping past its last whole folio is registered
+/// but in no region: a fault there is a stray one, served with the zero
+/// page. The pages after it get one too, so a walk over the tail costs one
+/// fault, not one per page; they read zeros and keep what is written.
+#[test]
+fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
+    let _wd = watchdog("adopt-tail", 60);
+    let tail = 5;
+    let len = MIB + tail * PAGE_SIZE;
+    let pager = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let base = mmap(0, len);
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
+    let before = pager.stats();
+    for p in MIB / PAGE_SIZE..len / PAGE_SIZE {
+        let a = base + p * PAGE_SIZE;
+        assert!(page(a).iter().all(|w| w.load(Ordering::Relaxed) == 0), "page {p} is not zeros");
+        write(a, p as u64);
+    }
+    let s = pager.stats();
+    assert_eq!(s.stray_faults - before.stray_faults, 1, "{s:?}");
+    assert_eq!(s.stray_zero_pages - before.stray_zero_pages, tail as u64 - 1, "{s:?}");
+    for p in MIB / PAGE_SIZE..len / PAGE_SIZE {
+        assert_eq!(bad_words(base + p * PAGE_SIZE, p as u64), 0, "page {p}");
+    }
+}
+
 #[test]
 fn dropping_the_pager_gives_adopted_memory_back_whole() {
     let _wd = watchdog("adopt-drop", 60);

@@ -96,6 +96,9 @@ pub struct PagerStats {
     /// Never-touched pages of folios partly present at adoption that got
     /// the zero page then (`zero_absent`), rather than a fault each later.
     pub adopted_zero_pages: u64,
+    /// Pages after a stray fault that got the zero page with it
+    /// (`zero_stray_ahead`).
+    pub stray_zero_pages: u64,
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
@@ -144,6 +147,7 @@ pub(super) struct Counters {
     pub(super) swapped_page_faults: AtomicU64,
     pub(super) fenced_pages: AtomicU64,
     pub(super) adopted_zero_pages: AtomicU64,
+    pub(super) stray_zero_pages: AtomicU64,
 }
 
 pub(super) fn inc(c: &AtomicU64) {
@@ -197,6 +201,7 @@ impl Pager {
             swapped_page_faults: r(&c.swapped_page_faults),
             fenced_pages: r(&c.fenced_pages),
             adopted_zero_pages: r(&c.adopted_zero_pages),
+            stray_zero_pages: r(&c.stray_zero_pages),
             metadata_bytes: self.inner.metadata() as u64,
             managed_bytes,
             metadata_bytes_per_page: if managed_bytes == 0 {
