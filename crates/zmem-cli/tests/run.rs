@@ -221,6 +221,44 @@ fn forked_children_pools_and_daemons_see_the_parents_memory() {
     run_managed("py-fork", "32M", &["python3", "-c", PY_FORK, "128"], "fork ok 128", 300);
 }
 
+/// A program that closes every descriptor it did not open (Python's
+/// `os.closerange`, as a daemon's `closefrom(3)` does) with 4x its limit
+/// evicted, then opens and writes files of its own and fills more memory:
+/// the pager's userfaultfd and swap file stay open (the shim's `close`
+/// family steps over them), its files are its own, and every block reads
+/// back, before and after the pressure that follows. Python crashed at once
+/// (SIGSEGV) before.
+#[test]
+fn closing_every_descriptor_keeps_zmems_own_and_every_block() {
+    let py = r#"
+import hashlib, os, sys, tempfile
+mib = int(sys.argv[1])
+text = b''.join(hashlib.sha256(i.to_bytes(4, 'little')).hexdigest().encode() for i in range(16384))
+blocks = []
+for i in range(mib):
+    b = bytearray(text)
+    b[:8] = i.to_bytes(8, 'little')
+    blocks.append(b)
+def bad():
+    return sum(1 for i, b in enumerate(blocks) if b[:8] != i.to_bytes(8, 'little') or b[8:] != text[8:])
+os.closerange(3, 65536)
+d = tempfile.mkdtemp()
+for i in range(8):
+    with open(os.path.join(d, str(i)), 'wb') as f:
+        f.write(bytes([i]) * 100000)
+assert bad() == 0, 'after closerange'
+more = [bytearray(os.urandom(64)) * (1 << 14) for _ in range(mib // 2)]
+assert bad() == 0, 'after more pressure'
+for i in range(8):
+    with open(os.path.join(d, str(i)), 'rb') as f:
+        assert f.read() == bytes([i]) * 100000, i
+    os.unlink(os.path.join(d, str(i)))
+os.rmdir(d)
+print("closed ok", mib)
+"#;
+    run_managed("closefds", "32M", &["python3", "-c", py, "128"], "closed ok 128", 300);
+}
+
 /// vfork (CPython's subprocess) and posix_spawn run no atfork handlers:
 /// while 96 MiB of blocks are evicted under 32M, the program starts 40
 /// children each way, and every block reads back.

@@ -4,6 +4,7 @@
 
 use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub mod fds;
 pub mod owned;
 
 /// The size of one page of user memory (x86-64).

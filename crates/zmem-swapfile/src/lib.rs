@@ -269,6 +269,12 @@ impl SwapFile {
     }
 }
 
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        zmem_common::fds::forget(std::os::fd::AsRawFd::as_raw_fd(&self.file));
+    }
+}
+
 impl SwapFile {
     /// Creates a nameless swap file in `cfg.dir`.
     ///
@@ -277,6 +283,8 @@ impl SwapFile {
     /// [`SwapError::Key`] if no random key can be had.
     pub fn create(cfg: &SwapFileConfig, mempool: Arc<Mempool>) -> Result<SwapFile, SwapError> {
         let file = create_file(&cfg.dir).map_err(|source| SwapError::Create { dir: cfg.dir.clone(), source })?;
+        // Kept from the program's `close` family (see `zmem_common::fds`).
+        zmem_common::fds::keep(std::os::fd::AsRawFd::as_raw_fd(&file));
         let direct_io = set_direct(&file);
         if !direct_io {
             log::warn!("{} does not take O_DIRECT; the swap file goes through the page cache", cfg.dir.display());

@@ -18,7 +18,7 @@ pub const PAGEMAP_SCAN: Opcode = 0xC060_6610;
 /// Page-table entries read from `/proc/self/pagemap`, one `u64` per page.
 #[derive(Debug)]
 pub struct PageMap {
-    fd: OwnedFd,
+    fd: zmem_common::fds::KeptFd,
 }
 
 /// Pagemap entry bits: the page is present, or swapped out by the kernel.
@@ -31,7 +31,7 @@ impl PageMap {
     /// # Errors
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<PageMap, UffdError> {
-        Ok(PageMap { fd: open_pagemap()? })
+        Ok(PageMap { fd: zmem_common::fds::KeptFd::new(open_pagemap()?) })
     }
 
     /// Whether each of the `n` pages from `addr` holds a page: present, or
@@ -106,7 +106,7 @@ fn open_pagemap() -> Result<OwnedFd, UffdError> {
 /// atomically.
 #[derive(Debug)]
 pub struct WriteTracker {
-    pagemap: OwnedFd,
+    pagemap: zmem_common::fds::KeptFd,
     buf: Vec<uapi::page_region>,
 }
 
@@ -114,7 +114,7 @@ impl WriteTracker {
     /// # Errors
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<WriteTracker, UffdError> {
-        let pagemap = open_pagemap()?;
+        let pagemap = zmem_common::fds::KeptFd::new(open_pagemap()?);
         Ok(WriteTracker { pagemap, buf: vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 512] })
     }
 

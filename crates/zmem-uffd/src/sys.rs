@@ -137,7 +137,8 @@ pub enum Event {
 /// A userfaultfd, after the API handshake.
 #[derive(Debug)]
 pub struct Uffd {
-    fd: OwnedFd,
+    /// Kept from the program's `close` family (`zmem_common::fds`).
+    fd: zmem_common::fds::KeptFd,
     features: Features,
     ioctls: u64,
 }
@@ -242,7 +243,7 @@ impl Uffd {
         }
         let fd = open_raw(mode)?;
         let a = api(&fd, want.0).map_err(UffdError::Unsupported)?;
-        Ok(Uffd { fd, features: Features(a.features), ioctls: a.ioctls })
+        Ok(Uffd { fd: zmem_common::fds::KeptFd::new(fd), features: Features(a.features), ioctls: a.ioctls })
     }
 
     /// The features in force (what was asked for; the kernel may add more).

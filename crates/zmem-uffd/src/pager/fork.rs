@@ -47,20 +47,21 @@ impl Pager {
     }
 
     /// In a forked child, for a pager of the parent's: closes what it holds
-    /// open (its userfaultfd and swap file), which would otherwise live as
-    /// long as the child (a daemon's swap file would keep its disk space).
+    /// open (its userfaultfd, swap file, pagemap and statm readers), which
+    /// would otherwise live as long as the child (a daemon's swap file would
+    /// keep its disk space).
     /// Nothing else is touched: its threads are not in the child.
     ///
     /// # Safety
     /// The pager is never used or dropped afterwards (the caller leaks it):
     /// its descriptors' numbers may be reused by anything.
     pub unsafe fn abandon_in_child(&self) {
-        use std::os::fd::AsRawFd;
-        let mut fds = vec![self.inner.uffd.as_fd().as_raw_fd()];
-        if let Some(f) = self.inner.tier.swap_file() {
-            fds.extend(f.raw_fds());
-        }
-        for fd in fds {
+        // Every descriptor a pager keeps open is in `zmem_common::fds`
+        // (its userfaultfd, swap file, pagemap and statm readers), and in a
+        // child that abandons its parent's pager, they are all that pager's.
+        let mut fds = [0; zmem_common::fds::SLOTS];
+        let n = zmem_common::fds::take_all(&mut fds);
+        for &fd in &fds[..n] {
             // SAFETY: fd is open and owned by this pager, which (the
             // caller's contract) never uses or closes it again.
             unsafe { rustix::io::close(fd) };

@@ -31,7 +31,9 @@ impl Inner {
         let mut shared_at = Instant::now();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
-            rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()
+            rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+                .ok()
+                .map(zmem_common::fds::KeptFd::new)
         });
         loop {
             if self.forked.load(Ordering::Relaxed)
@@ -556,7 +558,7 @@ fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
 
 /// The process's resident bytes, from `/proc/self/statm` (its second
 /// field, in pages): one `pread`, no allocation.
-fn resident_bytes(statm: &std::os::fd::OwnedFd) -> Option<usize> {
+fn resident_bytes(statm: &zmem_common::fds::KeptFd) -> Option<usize> {
     let mut buf = [0u8; 128];
     let n = rustix::io::pread(statm, &mut buf, 0).ok()?;
     let field = buf[..n].split(|&c| c == b' ').nth(1)?;
