@@ -368,6 +368,39 @@ fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit(
     assert!(peak > 16 << 20 && peak <= 40 << 20, "tree usage peak {} MiB under 32M; {}", peak >> 20, text(&o));
 }
 
+/// Each process's pool is bounded by its share of the tree's limit, not by
+/// the whole limit: two exec'd Python children each hold 96 MiB of text
+/// (it compresses, so most of it ends in the pools) under one 64M limit.
+/// With every pool allowed half the tree's limit, the pools alone filled
+/// the tree, nothing was left to evict, and the limit went soft (node's
+/// `child_process.fork` workers did this).
+#[test]
+fn each_pool_follows_its_share_of_the_tree_limit() {
+    let stats = tmpdir("pool-share-stats");
+    let swap = tmpdir("pool-share-swap");
+    let parent = format!(
+        "import subprocess, sys\n\
+         ps = [subprocess.Popen([sys.executable, '-c', {PY:?}, '96'], env=dict(__import__('os').environ, HOLD='1'), \
+         stdout=subprocess.PIPE) for _ in range(2)]\n\
+         outs = [p.communicate()[0].decode() for p in ps]\n\
+         assert all(p.returncode == 0 for p in ps), outs\n\
+         print('children:', ' '.join(o.strip() for o in outs))\n"
+    );
+    let o = zmem(
+        &["run", "--limit", "64M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", &parent],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("children: ok 96 ok 96"), "{}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 1000, "{}", text(&o));
+    let written = stats_max(&stats, |v| v["tier"]["written_back_pages"].as_u64());
+    assert!(written > 0, "the pools wrote back to stay within their shares; {}", text(&o));
+    assert_eq!(pager_max(&stats, "limit_soft_events"), 0, "the limit never went soft; {}", text(&o));
+    let peak = tree_peak(&stats);
+    assert!(peak <= (64 + 12) << 20, "tree usage peak {} MiB under 64M; {}", peak >> 20, text(&o));
+}
+
 /// Memory the program locks (`MAP_LOCKED`, `mlock`) is never managed, while
 /// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
 #[test]

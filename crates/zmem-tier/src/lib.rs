@@ -123,8 +123,10 @@ pub struct Tier {
     swap: Option<SwapFile>,
     counters: Counters,
     full: AtomicBool,
-    max_bytes: usize,
-    accept_bytes: usize,
+    /// The pool limit and the accept threshold under it; set at start,
+    /// changed by [`Tier::set_max_pool_bytes`].
+    max_bytes: AtomicUsize,
+    accept_bytes: AtomicUsize,
     shrink_lock: Mutex<Vec<u8>>,
 }
 
@@ -179,8 +181,8 @@ impl Tier {
             swap,
             counters: Counters::default(),
             full: AtomicBool::new(false),
-            max_bytes,
-            accept_bytes,
+            max_bytes: AtomicUsize::new(max_bytes),
+            accept_bytes: AtomicUsize::new(accept_bytes),
             shrink_lock: Mutex::new(Vec::new()),
             cfg,
         })
@@ -199,7 +201,33 @@ impl Tier {
 
     /// The pool limit, in bytes.
     pub fn max_pool_bytes(&self) -> usize {
-        self.max_bytes
+        self.max_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the pool limit to `bytes` (at least a page), with the accept
+    /// threshold at the configured percent of it, as writing zswap's
+    /// `max_pool_percent` does. A pool already over the new limit shrinks
+    /// at the next store, or at [`shrink_to_limit`](Self::shrink_to_limit).
+    /// A process in a tree follows its share of the tree's limit this way.
+    pub fn set_max_pool_bytes(&self, bytes: usize) {
+        let max = bytes.max(PAGE_SIZE);
+        self.max_bytes.store(max, Ordering::Relaxed);
+        self.accept_bytes.store(max / 100 * self.cfg.accept_threshold_percent as usize, Ordering::Relaxed);
+    }
+
+    /// Writes back (and, without writeback, drops clean copies) until the
+    /// pool is down to its accept threshold, if it is over its limit.
+    /// Returns whether the pool is within its limit afterwards.
+    pub fn shrink_to_limit(&self) -> bool {
+        if self.pool_total_size() <= self.max_pool_bytes() {
+            return true;
+        }
+        let accept = self.accept_bytes.load(Ordering::Relaxed);
+        self.drop_clean(accept);
+        if self.writeback_enabled() && self.pool_total_size() > accept {
+            self.shrinker().shrink_to(accept);
+        }
+        self.pool_total_size() <= self.max_pool_bytes()
     }
 
     pub(crate) fn current(&self) -> Arc<Pool> {

@@ -64,10 +64,12 @@ impl Tier {
     /// zswap_check_limits, with hysteresis; shrinks inline when it can.
     fn may_store(&self) -> bool {
         let total = self.pool_total_size();
-        if total >= self.max_bytes {
+        let (max_bytes, accept_bytes) =
+            (self.max_bytes.load(Ordering::Relaxed), self.accept_bytes.load(Ordering::Relaxed));
+        if total >= max_bytes {
             inc(&self.counters.pool_limit_hit, 1);
             self.full.store(true, Ordering::Relaxed);
-        } else if self.full.load(Ordering::Relaxed) && total <= self.accept_bytes {
+        } else if self.full.load(Ordering::Relaxed) && total <= accept_bytes {
             self.full.store(false, Ordering::Relaxed);
         }
         if !self.full.load(Ordering::Relaxed) {
@@ -77,15 +79,15 @@ impl Tier {
         // the shrinker itself, down to the accept threshold: clean copies
         // first (no I/O), then writeback.
         if !self.writeback_enabled() && self.counters.cached_pages.load(Ordering::Relaxed) > 0 {
-            self.drop_clean(self.accept_bytes);
-            if self.pool_total_size() <= self.accept_bytes {
+            self.drop_clean(accept_bytes);
+            if self.pool_total_size() <= accept_bytes {
                 self.full.store(false, Ordering::Relaxed);
                 return true;
             }
         }
         if self.writeback_enabled() {
-            self.shrinker().shrink_to(self.accept_bytes);
-            if self.pool_total_size() <= self.accept_bytes {
+            self.shrinker().shrink_to(accept_bytes);
+            if self.pool_total_size() <= accept_bytes {
                 self.full.store(false, Ordering::Relaxed);
                 return true;
             }

@@ -214,6 +214,39 @@ fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
 }
 
 #[test]
+fn a_lowered_pool_limit_writes_back_down_to_it_and_every_page_loads() {
+    let t = Tier::new(cfg(4096 * PAGE_SIZE, true)).unwrap();
+    let n = 1500u64;
+    for k in 0..n {
+        assert!(matches!(t.store(k, corpus().page(k as usize)).unwrap(), StoreOutcome::Stored { .. }));
+    }
+    assert_eq!(t.stats().written_back_pages, 0, "under the first limit nothing goes");
+    assert!(t.shrink_to_limit(), "within its limit, nothing to do");
+    let before = t.pool_total_size();
+    // A share that shrank: a quarter of what the pool holds now.
+    let limit = before / 4;
+    t.set_max_pool_bytes(limit);
+    assert_eq!(t.max_pool_bytes(), limit);
+    assert!(t.shrink_to_limit(), "{:?}", t.stats());
+    let s = t.stats();
+    assert!(s.pool_total_size as usize <= limit && s.written_back_pages > 0, "{s:?}");
+    for k in 0..n {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
+    }
+    // Without writeback, nothing can go: the pool stays over the limit, and
+    // says so.
+    let t = Tier::new(cfg(1024 * PAGE_SIZE, false)).unwrap();
+    for k in 0..200 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    t.set_max_pool_bytes(PAGE_SIZE);
+    assert!(!t.shrink_to_limit());
+    for k in 0..200 {
+        assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
+    }
+}
+
+#[test]
 fn a_compressor_switch_keeps_old_entries_loadable_and_frees_their_pool() {
     let t = Tier::new(cfg(64 << 20, false)).unwrap();
     for k in 0..100 {

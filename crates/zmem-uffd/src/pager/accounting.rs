@@ -42,10 +42,19 @@ impl Inner {
     /// In a process tree: publishes this process's usage and takes its
     /// share of the tree's limit as its own (see `crate::tree`). The floor
     /// is the smallest limit a pager accepts.
+    ///
+    /// The pool's limit follows the share (`max_pool_percent` of it, as of
+    /// a process's own limit): with the tree's whole limit as its bound,
+    /// each process's pool could grow past its share, and with nothing
+    /// left to evict, no store would come to write it back.
     pub(super) fn refresh_limit(&self) {
         if let Some(m) = &self.member {
             let floor = 4 * self.cfg.folio_size * self.cfg.batch_folios();
-            self.limit_now.store(m.publish(self.usage(), floor), Ordering::Relaxed);
+            let share = m.publish(self.usage(), floor);
+            let old = self.limit_now.swap(share, Ordering::Relaxed);
+            if share != old && self.cfg.tier.max_pool_bytes.is_none() {
+                self.tier.set_max_pool_bytes(share / 100 * self.cfg.tier.max_pool_percent as usize);
+            }
         }
     }
 

@@ -98,13 +98,19 @@ impl Inner {
             }
             if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
                 while self.usage() > self.low() && !frozen() {
+                    // A pool over its limit (a tree member's share shrank:
+                    // `refresh_limit`) is written back first; no store may
+                    // come to do it if nothing is left to evict.
+                    let pool_before = self.tier.pool_total_size();
+                    self.tier.shrink_to_limit();
+                    let shrank = self.tier.pool_total_size() < pool_before;
                     let pass = self.evict_batch(&mut staging, tracker.as_mut());
                     if let Some(m) = &self.member {
                         m.add_evicted(pass.evicted as u64);
                     }
                     self.refresh_limit();
                     self.reclaimed.1.notify_all();
-                    if pass.evicted + pass.parked > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
+                    if shrank || pass.evicted + pass.parked > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                         // Progress, or unevictable folios set aside: go on.
                         backoff = Duration::ZERO;
                         self.soft.store(false, Ordering::Relaxed);
@@ -122,14 +128,11 @@ impl Inner {
                             if !warned {
                                 warned = true;
                                 log::warn!(
-                                    "usage {} MiB is over the limit and nothing more can be evicted \
-                                     ({}); the limit is soft until reclaim succeeds again",
+                                    "usage {} MiB is over the limit of {} MiB and nothing more can be \
+                                     evicted ({}); the limit is soft until reclaim succeeds again",
                                     self.usage() >> 20,
-                                    if self.tier.config().writeback {
-                                        "the pool is full and writeback fails"
-                                    } else {
-                                        "the pool is full and writeback is off"
-                                    }
+                                    self.limit() >> 20,
+                                    self.stuck_reason(&pass)
                                 );
                             }
                         }
@@ -139,6 +142,25 @@ impl Inner {
             }
             drop(gate);
             self.reclaimed.1.notify_all();
+        }
+    }
+
+    /// Why a pass that evicted nothing could not, for the warning.
+    fn stuck_reason(&self, pass: &Pass) -> String {
+        let why = if pass.rejected > 0 {
+            if self.tier.config().writeback {
+                "the pool is full and writeback fails"
+            } else {
+                "the pool is full and writeback is off"
+            }
+        } else if pass.unevictable > 0 {
+            "what is left is locked or pinned"
+        } else {
+            "nothing is on the reclaim lists: the rest is the pool, metadata, or pages shared with another process"
+        };
+        match &self.member {
+            Some(m) => format!("{why}; the limit is this process's share of the tree's {} MiB", m.tree().limit() >> 20),
+            None => why.to_string(),
         }
     }
 
