@@ -720,7 +720,11 @@ impl Inner {
                 Ok(n) => off += n + PAGE_SIZE as u64,
                 Err(UffdError::Again { .. }) => return Served::Again,
                 Err(e) => {
-                    log::error!("UFFDIO_COPY failed: {e}");
+                    if super::region::gone(&e) {
+                        log::debug!("{e}: no longer registered (the region is being dropped)");
+                    } else {
+                        log::error!("UFFDIO_COPY failed: {e}");
+                    }
                     // No thread stays asleep on what was not filled.
                     let _ = self.uffd.wake(dst + off, len - off);
                     break;

@@ -133,6 +133,7 @@ impl RegionState {
             // SAFETY: as above, one page of each.
             match unsafe { uffd.copy_wp(a, page.as_ptr(), page.len() as u64, false, wp) } {
                 Err(e @ UffdError::Again { .. }) => return Err(e),
+                Err(e) if gone(&e) => log::debug!("{e}: no longer registered (the region is being dropped)"),
                 Err(e) => log::error!("UFFDIO_COPY of a page failed: {e}"),
                 Ok(_) => {}
             }
@@ -226,6 +227,16 @@ pub(super) enum Within {
 /// Whether an ioctl over `len` bytes failed because the range is not within
 /// one of the kernel's mappings (ENOENT or EINVAL), so that it is worth
 /// retrying page by page.
+/// Whether a fill failed because the page is no longer in a mapping
+/// registered with the userfaultfd (ENOENT). With every UNMAP, REMOVE and
+/// REMAP read first (a fill fails with EAGAIN while one is unread), that
+/// is a region the program is freeing: `Region::drop` unregisters it before
+/// it waits on the stripe locks that a load in flight holds. The memory is
+/// going away, and so is what the load would have put there.
+pub(super) fn gone(e: &UffdError) -> bool {
+    matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::NOENT, .. })
+}
+
 fn crosses_mappings(r: &Result<u64, UffdError>, len: u64) -> bool {
     len > PAGE_SIZE as u64
         && matches!(r, Err(UffdError::Ioctl { errno: rustix::io::Errno::NOENT | rustix::io::Errno::INVAL, .. }))
