@@ -139,11 +139,9 @@ fn relative_swap_and_stats_directories_survive_the_program_changing_directory() 
     assert!(pager_max(&dir.join("stats"), "evicted_folios") > 0, "{}", text(&o));
 }
 
-/// fork three ways: a child that checks and changes its copy, a
-/// multiprocessing pool (fork) reading the parent's blocks, and a daemon
-/// that double-forks and checks everything after its first parent exited.
-const PY_FORK: &str = r#"
-import ctypes, hashlib, json, os, sys, time, multiprocessing as mp
+/// `argv[1]` MiB of distinct 1 MiB blocks of text (`blocks`, built from
+/// `text`), for the Python programs below that check every block.
+const PY_BLOCKS: &str = r#"
 mib = int(sys.argv[1])
 text = b''.join(hashlib.sha256(i.to_bytes(4, 'little')).hexdigest().encode() for i in range(16384))
 blocks = []
@@ -151,6 +149,16 @@ for i in range(mib):
     b = bytearray(text)
     b[:8] = i.to_bytes(8, 'little')
     blocks.append(b)
+"#;
+
+/// fork three ways: a child that checks and changes its copy, a
+/// multiprocessing pool (fork) reading the parent's blocks, and a daemon
+/// that double-forks and checks everything after its first parent exited.
+/// Its imports, then [`PY_BLOCKS`], then the checks.
+const PY_FORK: &str = r#"
+import ctypes, hashlib, json, os, sys, time, multiprocessing as mp
+"#;
+const PY_FORK_CHECKS: &str = r#"
 def check(i):
     return blocks[i][:8] == i.to_bytes(8, 'little') and blocks[i][8:] == text[8:]
 # A forked process's pager adopts what it inherited from its reclaim
@@ -218,7 +226,8 @@ print("fork ok", mib)
 /// `run_managed` checks).
 #[test]
 fn forked_children_pools_and_daemons_see_the_parents_memory() {
-    run_managed("py-fork", "32M", &["python3", "-c", PY_FORK, "128"], "fork ok 128", 300);
+    let py = [PY_FORK, PY_BLOCKS, PY_FORK_CHECKS].concat();
+    run_managed("py-fork", "32M", &["python3", "-c", &py, "128"], "fork ok 128", 300);
 }
 
 /// A program that closes every descriptor it did not open (Python's
@@ -231,14 +240,6 @@ fn forked_children_pools_and_daemons_see_the_parents_memory() {
 #[test]
 fn closing_every_descriptor_keeps_zmems_own_and_every_block() {
     let py = r#"
-import hashlib, os, sys, tempfile
-mib = int(sys.argv[1])
-text = b''.join(hashlib.sha256(i.to_bytes(4, 'little')).hexdigest().encode() for i in range(16384))
-blocks = []
-for i in range(mib):
-    b = bytearray(text)
-    b[:8] = i.to_bytes(8, 'little')
-    blocks.append(b)
 def bad():
     return sum(1 for i, b in enumerate(blocks) if b[:8] != i.to_bytes(8, 'little') or b[8:] != text[8:])
 os.closerange(3, 65536)
@@ -256,7 +257,8 @@ for i in range(8):
 os.rmdir(d)
 print("closed ok", mib)
 "#;
-    run_managed("closefds", "32M", &["python3", "-c", py, "128"], "closed ok 128", 300);
+    let py = ["import hashlib, os, sys, tempfile\n", PY_BLOCKS, py].concat();
+    run_managed("closefds", "32M", &["python3", "-c", &py, "128"], "closed ok 128", 300);
 }
 
 /// vfork (CPython's subprocess) and posix_spawn run no atfork handlers:
