@@ -181,6 +181,14 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
         preload.push(" ");
         preload.push(old);
     }
+    if let Some(path) = find_program(&args.cmd[0]).filter(|p| is_static_elf(p)) {
+        eprintln!(
+            "zmem: {} is statically linked: the dynamic loader never runs in it, so the preloaded \
+             shim cannot manage its memory (it runs unmanaged; programs it execs that are dynamically \
+             linked are managed). For Go, build with cgo (CGO_ENABLED=1).",
+            path.display()
+        );
+    }
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
     let status = cmd.status().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
@@ -188,6 +196,48 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Ok(std::process::ExitCode::from(code as u8))
+}
+
+/// The file `Command::new(name)` would run: `name` itself if it has a
+/// slash, else the first executable of that name on `PATH`.
+fn find_program(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if name.as_encoded_bytes().contains(&b'/') {
+        return Some(PathBuf::from(name)).filter(|p| runnable(p));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| runnable(p))
+}
+
+/// Whether `path` is a 64-bit little-endian ELF executable with no
+/// `PT_INTERP` program header: nothing loads `LD_PRELOAD` into it. Anything
+/// else (a script, a dynamic executable, a file that cannot be read) is
+/// not.
+fn is_static_elf(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|b| elf_lacks_interp(&b) == Some(true))
+}
+
+/// For an ELF64 little-endian image: whether it has no `PT_INTERP`;
+/// `None` if it is not one, or its program headers lie outside it.
+fn elf_lacks_interp(b: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    // Magic, ELFCLASS64, ELFDATA2LSB.
+    if b.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let (phentsize, phnum) = (usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    if phentsize < 4 {
+        return None;
+    }
+    let mut interp = false;
+    for i in 0..phnum {
+        interp |= u32_at(phoff.checked_add(i.checked_mul(phentsize)?)?)? == PT_INTERP;
+    }
+    Some(!interp)
 }
 
 #[derive(Debug, clap::Args)]
@@ -271,4 +321,37 @@ pub fn stats(args: &StatsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_executable_has_an_interpreter_and_garbage_is_no_elf() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        assert_eq!(elf_lacks_interp(&me), Some(false), "the test binary is dynamically linked");
+        assert!(!is_static_elf(Path::new("/proc/self/exe")));
+        assert_eq!(elf_lacks_interp(b"#!/bin/sh\necho hi\n"), None);
+        assert_eq!(elf_lacks_interp(&me[..0x30]), None, "cut short");
+        // The same image with its PT_INTERP header's type changed: static.
+        let phoff = u64::from_le_bytes(me[0x20..0x28].try_into().unwrap()) as usize;
+        let phentsize = u16::from_le_bytes(me[0x36..0x38].try_into().unwrap()) as usize;
+        let phnum = u16::from_le_bytes(me[0x38..0x3a].try_into().unwrap()) as usize;
+        let mut img = me.clone();
+        for i in 0..phnum {
+            let o = phoff + i * phentsize;
+            if u32::from_le_bytes(img[o..o + 4].try_into().unwrap()) == 3 {
+                img[o..o + 4].copy_from_slice(&1u32.to_le_bytes());
+            }
+        }
+        assert_eq!(elf_lacks_interp(&img), Some(true));
+    }
+
+    #[test]
+    fn programs_are_found_as_exec_finds_them() {
+        assert!(find_program(std::ffi::OsStr::new("sh")).is_some_and(|p| p.is_absolute()));
+        assert_eq!(find_program(std::ffi::OsStr::new("/nonexistent/x")), None);
+        assert_eq!(find_program(std::ffi::OsStr::new("zmem-no-such-program")), None);
+    }
 }

@@ -403,6 +403,27 @@ fn each_pool_follows_its_share_of_the_tree_limit() {
     assert!(peak <= (64 + 12) << 20, "tree usage peak {} MiB under 64M; {}", peak >> 20, text(&o));
 }
 
+/// A statically linked program never loads the shim (no dynamic loader
+/// runs in it): `zmem run` says so rather than leave the user to find out
+/// that nothing was managed (a pure Go binary is one), and still runs it,
+/// passing its output and exit status through.
+#[test]
+fn a_statically_linked_program_runs_with_a_warning_that_it_is_not_managed() {
+    let dir = tmpdir("static");
+    let src = dir.join("s.c");
+    std::fs::write(&src, "#include <stdio.h>\nint main(void) { puts(\"static ran\"); return 7; }\n").unwrap();
+    let exe = dir.join("s");
+    let st = Command::new("cc").arg("-static").arg("-o").arg(&exe).arg(&src).status().expect("cc");
+    assert!(st.success(), "cc -static (glibc's static libraries, from libc6-dev)");
+    let o = zmem(&["run", "--limit", "32M", "--", exe.to_str().unwrap()], &[], 60);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("static ran"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is statically linked"), "{}", text(&o));
+    // A dynamic one gets no such warning.
+    let o = zmem(&["run", "--limit", "32M", "--", "true"], &[], 60);
+    assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("statically"), "{}", text(&o));
+}
+
 /// Memory the program locks (`MAP_LOCKED`, `mlock`) is never managed, while
 /// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
 #[test]
