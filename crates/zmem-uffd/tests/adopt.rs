@@ -236,6 +236,51 @@ fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
     }
 }
 
+/// The zero pages a stray fault fills ahead stay in the mapping that took
+/// it. The kernel's fills check only that a page is registered with *a*
+/// userfaultfd: here the next mapping is another pager's, with its first
+/// folio evicted, and filling into it once read 5,526 words of another
+/// test as zeros.
+#[test]
+fn a_stray_faults_zero_pages_stay_out_of_another_pagers_mapping() {
+    let _wd = watchdog("adopt-stray-neighbour", 60);
+    let tail = 4;
+    let (a_len, b_len) = (MIB + tail * PAGE_SIZE, 8 * MIB);
+    // One mapping, cut in two by the two registrations.
+    let base = mmap(0, a_len + b_len);
+    let b_base = base + a_len;
+    let a = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let b = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    assert_eq!(a.adopt(base as u64, a_len).unwrap(), MIB);
+    assert_eq!(b.adopt(b_base as u64, b_len).unwrap(), b_len);
+    for p in 0..b_len / PAGE_SIZE {
+        write(b_base + p * PAGE_SIZE, p as u64 + 1);
+    }
+    b.reclaim_now();
+    // The coldest go first: B's first folio is out of memory now.
+    assert!(b.stats().evicted_folios > 0, "{:?}", b.stats());
+    let present = |addr: usize| {
+        let mut v = 0u8;
+        // SAFETY: mincore on a page of our mapping; it only reports.
+        assert_eq!(unsafe { libc::mincore(addr as *mut _, PAGE_SIZE, &mut v) }, 0);
+        v & 1 != 0
+    };
+    assert!(!present(b_base), "B's first page was evicted");
+    // A stray fault on A's tail: the pages after it in A's mapping are
+    // filled, never B's.
+    // (The handler fills ahead before it wakes the faulting thread.)
+    write(base + MIB, 9);
+    let s = a.stats();
+    assert_eq!((s.stray_faults, s.stray_zero_pages), (1, tail as u64 - 1), "{s:?}");
+    assert!(!present(b_base), "A filled B's evicted page");
+    let bad: usize = (0..b_len / PAGE_SIZE).map(|p| bad_words(b_base + p * PAGE_SIZE, p as u64 + 1)).sum();
+    assert_eq!(bad, 0, "{:?}", b.stats());
+    drop(b);
+    drop(a);
+    // SAFETY: the test's mapping, no longer used.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, a_len + b_len) }, 0);
+}
+
 #[test]
 fn dropping_the_pager_gives_adopted_memory_back_whole() {
     let _wd = watchdog("adopt-drop", 60);

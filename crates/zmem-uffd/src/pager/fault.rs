@@ -302,19 +302,20 @@ impl Inner {
             inc(&self.counters.stray_faults);
             let page = addr & !(PAGE_SIZE as u64 - 1);
             log::debug!("a fault at {addr:#x} lies in no region: a zero page");
+            // Not woken yet: the pages after it are filled first, so that
+            // a thread walking on finds them there.
             // SAFETY: an address of a range registered with our uffd, which
             // no Rust reference covers.
-            let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, false) };
+            let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, true) };
             if matches!(r, Err(UffdError::Again { .. })) {
                 return Served::Again;
             }
-            if r.is_err() {
-                // Never leave a thread asleep: it touches the page again
-                // and faults anew, or finds it.
-                let _ = self.uffd.wake(page, PAGE_SIZE as u64);
-            } else {
+            if r.is_ok() {
                 self.zero_stray_ahead(page);
             }
+            // Never leave a thread asleep: it finds the page, or touches it
+            // again and faults anew.
+            let _ = self.uffd.wake(page, PAGE_SIZE as u64);
             return Served::Done;
         };
         let start = st.start.load(Ordering::Acquire);
@@ -427,13 +428,23 @@ impl Inner {
     /// mapping mremap grew in place before a scan adopts the growth (Python:
     /// ~450 a run, in ~25 runs of up to 63 pages). A page never touched
     /// reads as zeros, and one present fails (EEXIST), which ends the run,
-    /// as does the mapping's end. Never in zmem's own mappings (the staging
+    /// as does the end of the mapping that faulted. Never in zmem's own mappings (the staging
     /// area takes stray faults too, and a page mapped there would stop a
     /// MOVE), and only while no handler is reading events (a region moving
     /// there is seen).
     fn zero_stray_ahead(&self, page: u64) {
         let mut end = page + (STRAY_AHEAD * PAGE_SIZE) as u64;
         let Ok(_events) = self.events.try_read() else { return };
+        // Only within the mapping that took the fault. Registration is per
+        // mapping, so all of that one is registered with our uffd; but the
+        // kernel's fills check only that a page is registered with *a*
+        // userfaultfd, and the next mapping may be another's: the
+        // program's own, or another pager's in the same process (a test's
+        // zero pages once went over 11 pages another pager had evicted).
+        match crate::vmas::covering(page) {
+            Ok(Some((s, e))) if s <= page => end = end.min(e),
+            _ => return,
+        }
         // Up to the first of zmem's own mappings (mmap hands out addresses
         // downwards, so the program's mapping often ends right below a
         // pool arena); none if the page is in one (a staging page).
@@ -446,9 +457,10 @@ impl Inner {
         let mut filled = 0;
         let mut a = page + PAGE_SIZE as u64;
         while a < end && self.region_at(a).is_none() {
-            // SAFETY: a page of a range registered with our uffd (the
-            // kernel checks it), in no region and not zmem's own: no Rust
-            // reference covers it.
+            // SAFETY: a page of the mapping that faulted, so registered
+            // with our uffd (checked above, under `events`: a REMAP or
+            // UNMAP since would fail the fill with EAGAIN), in no region and
+            // not zmem's own: no Rust reference covers it.
             if unsafe { self.uffd.zeropage(a, PAGE_SIZE as u64, false) }.is_err() {
                 break;
             }
