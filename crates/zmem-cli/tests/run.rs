@@ -30,8 +30,26 @@ fn preload() -> PathBuf {
     .clone()
 }
 
+/// This run's directory for the tests' files: removed as the test binary
+/// exits (a run left ~100 directories behind in /tmp, 190 MiB over a few
+/// hundred runs).
+fn test_root() -> PathBuf {
+    std::env::temp_dir().join(format!("zmem-run-test-{}", std::process::id()))
+}
+
+extern "C" fn remove_test_root() {
+    let _ = std::fs::remove_dir_all(test_root());
+}
+
+/// `NAME`'s directory under [`test_root`].
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("zmem-run-test-{name}-{}", std::process::id()));
+    static CLEANUP: std::sync::Once = std::sync::Once::new();
+    CLEANUP.call_once(|| {
+        // SAFETY: registers a plain function with no arguments, which only
+        // removes this run's directory.
+        unsafe { libc::atexit(remove_test_root) };
+    });
+    let d = test_root().join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
