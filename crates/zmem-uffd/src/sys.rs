@@ -246,6 +246,15 @@ impl Uffd {
         Ok(Uffd { fd: zmem_common::fds::KeptFd::new(fd), features: Features(a.features), ioctls: a.ioctls })
     }
 
+    /// The child's userfaultfd from a [`Event::Fork`] of this one. The
+    /// kernel made it with this one's features, already past the API
+    /// handshake (a second one fails), and copied every registration of
+    /// the parent's mappings into it: the child's faults come to it from
+    /// the moment of fork, whoever holds it.
+    pub fn forked(&self, child: OwnedFd) -> Uffd {
+        Uffd { fd: zmem_common::fds::KeptFd::new(child), features: self.features, ioctls: self.ioctls }
+    }
+
     /// The features in force (what was asked for; the kernel may add more).
     pub fn features(&self) -> Features {
         self.features
@@ -544,6 +553,23 @@ impl Uffd {
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(UffdError::Read(e)),
             }
+        }
+    }
+
+    /// Reads one pending event, if any (non-blocking), without allocating:
+    /// the thread that reads a `UFFD_EVENT_FORK` must not, because fork
+    /// waits for that read while glibc holds every malloc arena's lock
+    /// (and a shim its own heap's) across the fork syscall.
+    ///
+    /// # Errors
+    /// read's error, or a short message.
+    pub fn read_event(&self) -> Result<Option<Event>, UffdError> {
+        let mut buf = [0u8; MSG_SIZE];
+        match rustix::io::read(&self.fd, &mut buf) {
+            Ok(MSG_SIZE) => Ok(Some(parse(&buf))),
+            Ok(n) => Err(UffdError::ShortMessage(n)),
+            Err(Errno::AGAIN) => Ok(None),
+            Err(e) => Err(UffdError::Read(e)),
         }
     }
 

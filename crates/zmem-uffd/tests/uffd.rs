@@ -229,3 +229,146 @@ fn madvise_munmap_and_mremap_are_reported() {
         t.join().unwrap();
     });
 }
+
+/// Sends `fd` over the unix socket `sock` (SCM_RIGHTS).
+fn send_fd(sock: &std::os::fd::OwnedFd, fd: std::os::fd::BorrowedFd<'_>) {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ctl = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    assert!(ctl.push(SendAncillaryMessage::ScmRights(&fds)));
+    let n = rustix::net::sendmsg(sock, &[std::io::IoSlice::new(b"u")], &mut ctl, SendFlags::empty()).unwrap();
+    assert_eq!(n, 1);
+}
+
+/// Receives a descriptor sent by [`send_fd`]. No allocation: it runs in a
+/// forked child.
+fn recv_fd(sock: &std::os::fd::OwnedFd) -> Option<std::os::fd::OwnedFd> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ctl = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let r = rustix::net::recvmsg(sock, &mut [std::io::IoSliceMut::new(&mut byte)], &mut ctl, RecvFlags::CMSG_CLOEXEC);
+    if r.ok()?.bytes != 1 {
+        return None;
+    }
+    let fd = ctl.drain().find_map(|m| match m {
+        RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+        _ => None,
+    });
+    fd
+}
+
+/// The kernel behaviour that fork without load-back would stand on (see
+/// ARCHITECTURE.md, *fork*): with `EVENT_FORK`, a child keeps the parent's
+/// registrations under a context of its own, which the parent's
+/// userfaultfd hands to the parent, fork waiting until it is read. The
+/// parent can serve the child's faults through it (the child touches memory
+/// before any code of ours runs in it) and then pass it to the child, which
+/// serves its own memory through it from then on.
+///
+/// The parent's reader must not allocate before it has read the FORK event:
+/// glibc's fork holds every malloc arena's lock across the fork syscall,
+/// which waits for that read (a first version of this test hung there).
+#[test]
+fn a_forked_childs_faults_reach_the_parent_which_serves_them_and_hands_the_context_over() {
+    let _wd = watchdog("a_forked_childs_faults_reach_the_parent_which_serves_them_and_hands_the_context_over", 60);
+    let u = uffd(Features::EVENT_FORK);
+    let m = Mapping::new(4 * PAGE_SIZE).unwrap();
+    u.register(m.addr(), m.len() as u64, MISSING).unwrap();
+    // Page i holds 10 + i; pages 1 and 2 are then "evicted": their bytes
+    // live only in `pages` (the parent's tier, so to speak).
+    let pages: Vec<Vec<u8>> = (0..4).map(|i| page_of(10 + i)).collect();
+    for (i, p) in pages.iter().enumerate() {
+        // SAFETY: registered mapping, atomics only; p is a page.
+        unsafe { u.copy(m.addr() + (i * PAGE_SIZE) as u64, p.as_ptr(), PAGE_SIZE as u64, false) }.unwrap();
+    }
+    m.dontneed(PAGE_SIZE, 2 * PAGE_SIZE).unwrap();
+    let mine = page_of(99);
+    let (ours, theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let page = |i: usize| m.addr() + (i * PAGE_SIZE) as u64;
+    let ready = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            // Nothing here may allocate until the FORK event is read: the
+            // forking thread holds every malloc arena's lock meanwhile (a
+            // thread still starting up, which allocates, would hang too).
+            ready.store(true, Ordering::Release);
+            assert!(u.wait(Some(Duration::from_secs(10))).unwrap(), "no FORK event within 10 s");
+            let child = match u.read_event().unwrap() {
+                Some(Event::Fork { uffd }) => u.forked(uffd),
+                e => panic!("expected Fork, got {e:?}"),
+            };
+            // The child touches page 1 before it holds its context.
+            match next_event(&child) {
+                Event::PageFault { addr, .. } => assert_eq!(addr, page(1)),
+                e => panic!("expected the child's fault, got {e:?}"),
+            }
+            // SAFETY: the destination is the child's registered page; the
+            // copy goes into the child's memory, not ours.
+            unsafe { child.copy(page(1), pages[1].as_ptr(), PAGE_SIZE as u64, false) }.unwrap();
+            send_fd(&ours, child.as_fd());
+            // Our copy closes; the child's keeps the context alive.
+        });
+        while !ready.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // SAFETY: the child runs only the code below (no return, no
+        // unwinding) and ends in _exit; glibc's fork leaves malloc usable.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let w = m.words();
+            let word = |i: usize| w[i * PAGE_SIZE / 8].load(Ordering::Relaxed);
+            let mut code = 0;
+            // Served by the parent through the child's context.
+            if word(1) != 11 {
+                code = 1;
+            }
+            let Some(fd) = recv_fd(&theirs) else {
+                // SAFETY: ends the child.
+                unsafe { libc::_exit(2) }
+            };
+            let cu = u.forked(fd);
+            // Page 2: filled by the child itself, through its context.
+            // SAFETY: our registered page; pages[2] is our copy of the
+            // parent's bytes.
+            if unsafe { cu.copy(page(2), pages[2].as_ptr(), PAGE_SIZE as u64, false) }.is_err() || word(2) != 12 {
+                code = 3;
+            }
+            if word(0) != 10 || word(3) != 13 {
+                code = 4;
+            }
+            // The child evicts and fills a page of its own: its memory only.
+            let dropped = m.dontneed(3 * PAGE_SIZE, PAGE_SIZE).is_ok();
+            // SAFETY: as above.
+            let refilled = dropped && unsafe { cu.copy(page(3), mine.as_ptr(), PAGE_SIZE as u64, false) }.is_ok();
+            if !refilled || word(3) != 99 {
+                code = 5;
+            }
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        server.join().unwrap();
+        let mut status = 0;
+        // SAFETY: pid is our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child's check {} failed", libc::WEXITSTATUS(status));
+    });
+    // The parent's memory is its own: pages 1 and 2 still missing here
+    // (a COPY goes in), page 3 still 13.
+    let w = m.words();
+    for i in [1, 2] {
+        // SAFETY: registered mapping, atomics only.
+        unsafe { u.copy(page(i), pages[i].as_ptr(), PAGE_SIZE as u64, false) }.unwrap();
+        assert_eq!(w[i * PAGE_SIZE / 8].load(Ordering::Relaxed), 10 + i as u64);
+    }
+    assert_eq!(w[3 * PAGE_SIZE / 8].load(Ordering::Relaxed), 13);
+}

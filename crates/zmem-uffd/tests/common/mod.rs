@@ -15,7 +15,10 @@ pub fn watchdog(name: &'static str, secs: u64) -> Watchdog {
     std::thread::spawn(move || {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(secs)) {
             eprintln!("{name}: hung for {secs} s; aborting");
-            std::process::exit(101);
+            // Not `process::exit`: glibc's exit takes stdio's list lock,
+            // which a thread stuck inside fork holds.
+            // SAFETY: ends the process; nothing after it runs.
+            unsafe { libc::_exit(101) };
         }
     });
     Watchdog { _alive: tx }
