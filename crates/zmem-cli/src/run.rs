@@ -11,7 +11,7 @@ use zmem_uffd::tree::Tree;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_ADOPT, \
+ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, \
 ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -44,6 +44,10 @@ pub struct Args {
     /// stream loads, around the page (0: whole folios) [default: 4K].
     #[arg(long)]
     fault_around: Option<String>,
+    /// The most a fault that continues a sequential stream loads ahead (0:
+    /// no read-ahead) [default: 512K].
+    #[arg(long)]
+    read_ahead: Option<String>,
     /// Manage only the memory the shim sees mapped: no scan of the address
     /// space for the program's other mappings (its heap, its runtime's).
     #[arg(long)]
@@ -157,6 +161,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_THRESHOLD", args.threshold.clone());
     set("ZMEM_FOLIO", args.folio.clone());
     set("ZMEM_FAULT_AROUND", args.fault_around.clone());
+    set("ZMEM_READ_AHEAD", args.read_ahead.clone());
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     // Directories are made absolute here: the program may change its

@@ -16,6 +16,7 @@
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
+//! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
 //! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
@@ -47,6 +48,8 @@ pub struct Settings {
     pub folio: usize,
     /// `PagerConfig::fault_around`.
     pub fault_around: usize,
+    /// `PagerConfig::read_ahead`.
+    pub read_ahead: usize,
     pub stats_dir: PathBuf,
     pub stats_interval: Duration,
     /// The process tree's accounting segment (`zmem_uffd::tree`).
@@ -126,6 +129,7 @@ impl Default for Settings {
             scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,
+            read_ahead: defaults::READ_AHEAD_BYTES,
             stats_dir: PathBuf::from("/tmp/zmem-stats"),
             stats_interval: Duration::from_millis(1000),
             tree: None,
@@ -179,6 +183,13 @@ impl Settings {
                     }
                     s.fault_around = f;
                 }
+                "ZMEM_READ_AHEAD" => {
+                    let r = if v.trim() == "0" { 0 } else { size(v)? };
+                    if r > 64 << 20 {
+                        return Err(format!("{k}={v}: at most 64M"));
+                    }
+                    s.read_ahead = r;
+                }
                 "ZMEM_STATS_DIR" => s.stats_dir = PathBuf::from(v),
                 "ZMEM_STATS_INTERVAL_MS" => {
                     let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
@@ -225,6 +236,7 @@ impl Settings {
         let mut cfg = PagerConfig::with_limit(self.limit);
         cfg.folio_size = self.folio;
         cfg.fault_around = self.fault_around;
+        cfg.read_ahead = self.read_ahead;
         let mut tier = TierConfig {
             compressor: self.compressor,
             memory_budget: self.limit,
@@ -288,6 +300,8 @@ mod tests {
             ("ZMEM_MAX_POOL_PERCENT", "0", "1..=100"),
             ("ZMEM_FOLIO", "48K", "power of two"),
             ("ZMEM_FAULT_AROUND", "12K", "power of two"),
+            ("ZMEM_READ_AHEAD", "1G", "at most 64M"),
+            ("ZMEM_READ_AHEAD", "lots", "ZMEM_READ_AHEAD=lots"),
             ("ZMEM_SWAPFILE_DIR", "/nonexistent/dir", "not a directory"),
             ("ZMEM_SWAPFILE_DIR", "/dev/shm", "in RAM"),
             ("ZMEM_WRITEBACK", "maybe", "expected 0 or 1"),
