@@ -39,6 +39,18 @@ fn check_page(r: &Region, p: usize, v: u32) -> usize {
     (0..WORDS).filter(|&i| w[p * WORDS + i].load(Ordering::Relaxed) != word(p, v, i)).count()
 }
 
+/// A pager under `cfg` with a 32 MiB region written with `v`, evicted down
+/// to the low watermark: where the read-ahead tests walk.
+fn filled_and_reclaimed(cfg: PagerConfig, v: u32) -> (Pager, Region) {
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(32 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, v);
+    }
+    p.reclaim_now();
+    (p, r)
+}
+
 fn pager(limit: usize) -> Pager {
     Pager::new(PagerConfig::with_limit(limit)).expect("pager")
 }
@@ -820,15 +832,10 @@ fn backward_and_interleaved_walks_load_folios_ahead() {
     // then measured the scheduler (32 faults for 64 folios, once in a
     // repeat run beside other builds).
     let cfg = PagerConfig { read_ahead: 8 << 16, low_watermark_percent: 40, ..PagerConfig::with_limit(limit) };
-    let p = Pager::new(cfg).unwrap();
-    let r = p.map(32 << 20).unwrap();
+    let (p, r) = filled_and_reclaimed(cfg, 5);
     let pages = r.len() / PAGE_SIZE;
     let ppf = (64 << 10) / PAGE_SIZE;
-    for pg in 0..pages {
-        write_page(&r, pg, 5);
-    }
     // Down: 4 MiB, from its last page to its first.
-    p.reclaim_now();
     let before = p.stats();
     let n = (4 << 20) / PAGE_SIZE;
     let bad: usize = (0..n).rev().map(|pg| check_page(&r, pg, 5)).sum();
@@ -860,14 +867,9 @@ fn a_stride_over_adjacent_folios_loads_blocks_and_reads_nothing_ahead() {
     let _wd = watchdog("stride", 60);
     let limit = 8 << 20;
     let cfg = PagerConfig { low_watermark_percent: 40, ..PagerConfig::with_limit(limit) };
-    let p = Pager::new(cfg).unwrap();
-    let r = p.map(32 << 20).unwrap();
+    let (p, r) = filled_and_reclaimed(cfg, 7);
     let pages = r.len() / PAGE_SIZE;
     let ppf = (64 << 10) / PAGE_SIZE;
-    for pg in 0..pages {
-        write_page(&r, pg, 7);
-    }
-    p.reclaim_now();
     let before = p.stats();
     // Page 9 of each of 64 adjacent folios, from 1 MiB in.
     let first = (1 << 20) / PAGE_SIZE / ppf;
