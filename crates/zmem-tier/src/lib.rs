@@ -39,6 +39,7 @@
 mod config;
 pub mod entry;
 mod error;
+mod export;
 mod load;
 pub mod lru;
 pub mod pool;
@@ -60,6 +61,7 @@ use zmem_zsmalloc::{Mempool, PAGE_SIZE};
 pub use config::{total_ram, TierConfig};
 pub use entry::{Entry, Stored};
 pub use error::TierError;
+pub use export::Exported;
 pub use load::LoadOutcome;
 pub use pool::Pool;
 pub use shrinker::Shrinker;

@@ -44,7 +44,7 @@ impl Tier {
 
     /// The page `obj` (an object as the pool holds it: compressed by
     /// `pool`'s compressor, or the raw page) into `dst`.
-    fn expand(pool: &Pool, key: u64, obj: &[u8], dst: &mut [u8]) -> Result<(), TierError> {
+    pub(crate) fn expand(pool: &Pool, key: u64, obj: &[u8], dst: &mut [u8]) -> Result<(), TierError> {
         if obj.len() == PAGE_SIZE {
             dst.copy_from_slice(obj);
             return Ok(());

@@ -36,7 +36,7 @@ pub enum StoreOutcome {
 static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
 const ID_BLOCK: u64 = 1024;
 
-fn next_ids(n: usize) -> u32 {
+pub(crate) fn next_ids(n: usize) -> u32 {
     thread_local!(static IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
     IDS.with(|c| {
         let (mut next, mut end) = c.get();

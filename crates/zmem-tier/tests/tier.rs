@@ -771,3 +771,48 @@ fn a_half_full_swap_file_keeps_no_entries() {
     assert!(t.retain_clean(35, &p, true));
     assert!(matches!(t.lookup(35), Some(Stored::Swap { .. })));
 }
+
+/// A forked child takes its parent's pages by export and import: every
+/// kind (same-filled, compressed, raw, written back, stored by an older
+/// compressor) comes back bit for bit from the importing tier, objects of
+/// the current compressor are copied as they are, and the exporting tier
+/// keeps its entries.
+#[test]
+fn exported_pages_import_into_another_tier_bit_for_bit() {
+    let from = Tier::new(cfg(64 << 20, true)).unwrap();
+    let n = 96u64;
+    let want: Vec<Vec<u8>> = (0..n).map(|k| page(k as u8, k)).collect();
+    for k in 0..n / 2 {
+        from.store(k, &want[k as usize]).unwrap();
+    }
+    // The first half goes to the swap file; the rest is stored by zstd.
+    assert!(from.writeback(n as usize) > 0);
+    from.set_compressor("zstd:3".parse().unwrap()).unwrap();
+    for k in n / 2..n {
+        from.store(k, &want[k as usize]).unwrap();
+    }
+    assert!(from.export(n + 7).unwrap().is_none(), "no entry, nothing to export");
+    let to = Tier::new(cfg(64 << 20, false)).unwrap();
+    to.set_compressor(from.compressor().parse().unwrap()).unwrap();
+    let (mut copied, mut raw) = (0, 0);
+    for k in 0..n {
+        let e = from.export(k).unwrap().expect("every key has an entry");
+        if let zmem_tier::Exported::Object(b) = &e {
+            if b.len() < PAGE_SIZE {
+                copied += 1;
+            } else {
+                raw += 1;
+            }
+        }
+        to.import(1000 + k, &e).unwrap();
+    }
+    assert!(copied > 0 && raw > 0, "copied {copied}, raw {raw}");
+    for k in 0..n {
+        assert!(load(&to, 1000 + k).unwrap() == want[k as usize], "page {k}");
+        assert!(load(&from, k).unwrap() == want[k as usize], "the exporter's page {k}");
+    }
+    assert_eq!(to.stats().stored_pages, 0, "{:?}", to.stats());
+    let bad = zmem_tier::Exported::Object(vec![0; PAGE_SIZE + 1]);
+    assert!(matches!(to.import(5, &bad), Err(TierError::BadFolio { .. })));
+    assert!(to.lookup(5).is_none());
+}
