@@ -13,45 +13,69 @@
 //! after-fork steps let go ([`fork_lock`], [`fork_unlock`]), so a forked
 //! child never starts with it held by a thread it does not have.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use dlmalloc::Dlmalloc;
 use zmem_common::LockExt;
 
-/// Address space reserved for the heap: 64 GiB, no memory until used.
-const RESERVE: usize = 64 << 30;
+/// The main heap's share of the reservation: 64 GiB, no memory until used.
+const MAIN: usize = 64 << 30;
+/// Each generation of the side heap gets a slice this large after it.
+const SIDE_SLICE: usize = 8 << 30;
+/// Side-heap generations before the slices are used again.
+const SIDE_SLICES: usize = 8;
+/// Address space reserved for both heaps.
+const RESERVE: usize = MAIN + SIDE_SLICE * SIDE_SLICES;
 /// Commit in steps of this much.
 const STEP: usize = 2 << 20;
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
-static TOP: AtomicUsize = AtomicUsize::new(0);
+/// Bytes committed: of the main heap, of the side heap's current slice.
+static TOP: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+/// The side heap's current slice (a forked child moves to the next one).
+static SIDE_GEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Hands dlmalloc committed pieces of the reservation, in address order.
-struct Reserve;
+/// Hands dlmalloc committed pieces of the reservation, in address order:
+/// of the main heap (`Reserve(0)`) or of the side heap's current slice
+/// (`Reserve(1)`).
+struct Reserve(usize);
+
+impl Reserve {
+    /// The first address and the size of this heap's space.
+    fn space(&self, base: usize) -> (usize, usize) {
+        match self.0 {
+            0 => (base, MAIN),
+            _ => (base + MAIN + SIDE_GEN.load(Ordering::Relaxed) * SIDE_SLICE, SIDE_SLICE),
+        }
+    }
+}
 
 // SAFETY: alloc returns fresh, committed, zeroed, page-aligned memory from
-// the reservation that nothing else uses, or null; nothing is ever freed
-// (free and free_part say so), so no segment is handed out twice.
+// this heap's space, which nothing else uses, or null; nothing is ever
+// freed (free and free_part say so), so no segment is handed out twice. A
+// side slice used again (after SIDE_SLICES forks in a line) is zeroed
+// first (`fork_child_side_heap`).
 unsafe impl dlmalloc::Allocator for Reserve {
     fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
         let Some(base) = reserve() else { return (std::ptr::null_mut(), 0, 0) };
+        let (start, room) = self.space(base);
         let size = size.div_ceil(STEP) * STEP;
-        // Called under the heap lock: TOP has one writer at a time.
-        let top = TOP.load(Ordering::Relaxed);
-        if top + size > RESERVE {
+        // Called under this heap's lock: TOP has one writer at a time.
+        let top = TOP[self.0].load(Ordering::Relaxed);
+        if top + size > room {
             return (std::ptr::null_mut(), 0, 0);
         }
-        // SAFETY: [base + top, base + top + size) lies in our reservation,
+        // SAFETY: [start + top, start + top + size) lies in our reservation,
         // unused so far; mprotect only makes it accessible.
-        let r = unsafe { libc::syscall(libc::SYS_mprotect, base + top, size, libc::PROT_READ | libc::PROT_WRITE) };
+        let r = unsafe { libc::syscall(libc::SYS_mprotect, start + top, size, libc::PROT_READ | libc::PROT_WRITE) };
         if r != 0 {
             return (std::ptr::null_mut(), 0, 0);
         }
-        TOP.store(top + size, Ordering::Relaxed);
-        ((base + top) as *mut u8, size, 0)
+        TOP[self.0].store(top + size, Ordering::Relaxed);
+        ((start + top) as *mut u8, size, 0)
     }
 
     fn remap(&self, _: *mut u8, _: usize, _: usize, _: bool) -> *mut u8 {
@@ -87,36 +111,206 @@ fn reserve() -> Option<usize> {
     }
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
     // SAFETY: a fresh PROT_NONE mapping at an address the kernel picks
-    // aliases nothing. Called under the heap lock, so made once.
+    // aliases nothing.
     let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, RESERVE, libc::PROT_NONE, flags, -1, 0usize) };
     if p < 0 {
         return None;
     }
     let p = p as usize;
+    // Both heaps may get here at once (each under its own lock): one
+    // reservation wins, the other is given back.
+    if let Err(won) = BASE.compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: p is the mapping just made, which nothing uses.
+        unsafe { libc::syscall(libc::SYS_munmap, p, RESERVE) };
+        return Some(won);
+    }
     zmem_common::owned::set_heap(p as u64, RESERVE);
-    BASE.store(p, Ordering::Release);
     Some(p)
 }
 
-static HEAP: Mutex<Dlmalloc<Reserve>> = Mutex::new(Dlmalloc::new_with_allocator(Reserve));
+static HEAP: Mutex<Dlmalloc<Reserve>> = Mutex::new(Dlmalloc::new_with_allocator(Reserve(0)));
+
+/// The side heap: the pager's handler thread allocates here, so that it
+/// can serve faults while a forking thread holds the main heap's lock
+/// (`fork_lock`). With `UFFD_FEATURE_EVENT_FORK`, fork waits for the
+/// handler to read its FORK event, and before that the forking thread may
+/// fault (glibc locks every malloc arena, and another allocator's atfork
+/// handler its own, after the shim's prepare step): a handler waiting for
+/// the main heap then would never let the fork finish.
+///
+/// Its lock is a flag, not a `Mutex`: a forked child may find it held by
+/// the parent's handler, which it does not have, and starts a fresh side
+/// heap in the next slice (`fork_child_side_heap`); what the parent's
+/// side heap held is left where it is, never freed or reused.
+struct SideHeap {
+    locked: AtomicBool,
+    dl: UnsafeCell<Dlmalloc<Reserve>>,
+}
+
+// SAFETY: `dl` is reached only through `with`, which holds `locked`, or by
+// `fork_child_side_heap`, in a child with one thread.
+unsafe impl Sync for SideHeap {}
+
+impl SideHeap {
+    fn with<R>(&self, f: impl FnOnce(&mut Dlmalloc<Reserve>) -> R) -> R {
+        let mut spins = 0u32;
+        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        // SAFETY: `locked` is ours until the store below: no other
+        // reference to `dl` exists meanwhile.
+        let r = f(unsafe { &mut *self.dl.get() });
+        self.locked.store(false, Ordering::Release);
+        r
+    }
+}
+
+static SIDE: SideHeap =
+    SideHeap { locked: AtomicBool::new(false), dl: UnsafeCell::new(Dlmalloc::new_with_allocator(Reserve(1))) };
+
+/// Blocks of the main heap freed by a side-heap thread while the main
+/// heap's lock was held (a fork): a list through their first word, freed by
+/// the next holder of the lock.
+static DEFERRED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 
 thread_local! {
     /// The heap's guard, held by the forking thread across fork.
     static FORK_GUARD: RefCell<Option<MutexGuard<'static, Dlmalloc<Reserve>>>> = const { RefCell::new(None) };
+    /// This thread allocates from the side heap.
+    static ON_SIDE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether `p` is this heap's.
-pub(crate) fn owns(p: *const c_void) -> bool {
+/// Whose block `p` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Main,
+    Side,
+    /// A side heap of an ancestor process's (this is a forked child): never
+    /// freed or reused.
+    Abandoned,
+    None,
+}
+
+fn owner(p: *const c_void) -> Owner {
     let b = BASE.load(Ordering::Acquire);
-    b != 0 && (b..b + RESERVE).contains(&(p as usize))
+    let a = p as usize;
+    if b == 0 || !(b..b + RESERVE).contains(&a) {
+        Owner::None
+    } else if a < b + MAIN {
+        Owner::Main
+    } else if (a - b - MAIN) / SIDE_SLICE == SIDE_GEN.load(Ordering::Relaxed) {
+        Owner::Side
+    } else {
+        Owner::Abandoned
+    }
 }
 
-/// The prepare step of fork: no zmem thread is inside the heap at fork.
+/// Whether `p` is this heap's (either part).
+pub(crate) fn owns(p: *const c_void) -> bool {
+    owner(p) != Owner::None
+}
+
+/// From now on this thread allocates from the side heap (the pager's
+/// handler: see [`SideHeap`]).
+pub(crate) fn use_side_heap() {
+    ON_SIDE.with(|s| s.set(true));
+}
+
+fn on_side() -> bool {
+    ON_SIDE.with(Cell::get)
+}
+
+/// The main heap, locked, with the frees deferred meanwhile done.
+fn main_heap() -> MutexGuard<'static, Dlmalloc<Reserve>> {
+    let mut g = HEAP.lock_ok();
+    drain(&mut g);
+    g
+}
+
+fn drain(dl: &mut Dlmalloc<Reserve>) {
+    if DEFERRED.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let mut p = DEFERRED.swap(std::ptr::null_mut(), Ordering::Acquire);
+    while !p.is_null() {
+        // SAFETY: each listed block is a live main-heap block, freed by its
+        // owner and pushed once; its first word holds the next one.
+        unsafe {
+            let next = p.cast::<*mut u8>().read();
+            dl.c_free(p);
+            p = next;
+        }
+    }
+}
+
+/// Frees a main-heap block: a side-heap thread that finds the lock held
+/// (a fork) leaves it on `DEFERRED` rather than wait.
+///
+/// # Safety
+/// `p` is a live main-heap block, freed once.
+unsafe fn free_main(p: *mut u8) {
+    if !on_side() {
+        // SAFETY: the caller's contract.
+        return unsafe { main_heap().c_free(p) };
+    }
+    let mut g = match HEAP.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            let mut head = DEFERRED.load(Ordering::Relaxed);
+            loop {
+                // SAFETY: p is ours to free, so its bytes (at least two
+                // words: dlmalloc's smallest block) are ours to write.
+                unsafe { p.cast::<*mut u8>().write(head) };
+                match DEFERRED.compare_exchange_weak(head, p, Ordering::Release, Ordering::Relaxed) {
+                    Ok(_) => return,
+                    Err(h) => head = h,
+                }
+            }
+        }
+    };
+    drain(&mut g);
+    // SAFETY: the caller's contract.
+    unsafe { g.c_free(p) }
+}
+
+/// In a forked child, before any thread starts: the side heap starts
+/// afresh in the next slice. The parent's handler may have held its lock
+/// at fork, mid-allocation; its blocks stay where they are, abandoned.
+///
+/// # Safety
+/// The calling thread is the process's only one.
+pub(crate) unsafe fn fork_child_side_heap() {
+    let g = (SIDE_GEN.load(Ordering::Relaxed) + 1) % SIDE_SLICES;
+    let base = BASE.load(Ordering::Acquire);
+    if base != 0 {
+        // A slice used by an ancestor (after SIDE_SLICES forks in a line)
+        // holds its bytes: zeroed, as dlmalloc takes fresh memory to be.
+        // SAFETY: the slice lies in our reservation, and nothing alive in
+        // this process points into it (its blocks were an ancestor's).
+        unsafe { libc::syscall(libc::SYS_madvise, base + MAIN + g * SIDE_SLICE, SIDE_SLICE, libc::MADV_DONTNEED) };
+    }
+    SIDE_GEN.store(g, Ordering::Relaxed);
+    TOP[1].store(0, Ordering::Relaxed);
+    // SAFETY: the only thread (the caller's contract), so no reference to
+    // `dl` exists; the old state is forgotten, not dropped (it owns
+    // nothing but its slice's bytes).
+    unsafe { SIDE.dl.get().write(Dlmalloc::new_with_allocator(Reserve(1))) };
+    SIDE.locked.store(false, Ordering::Release);
+}
+
+/// The prepare step of fork: no zmem thread is inside the main heap at
+/// fork. The side heap is not locked (see [`SideHeap`]).
 pub(crate) fn fork_lock() {
     // Set the slot up first: its first use registers a TLS destructor,
     // which allocates (from this heap, inside the shim).
     FORK_GUARD.with(|_| ());
-    let g = HEAP.lock_ok();
+    let g = main_heap();
     FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
 }
 
@@ -129,7 +323,11 @@ pub(crate) fn fork_unlock() {
 
 pub(crate) fn malloc(size: usize) -> *mut c_void {
     // SAFETY: dlmalloc's malloc under its lock; any size is accepted.
-    unsafe { HEAP.lock_ok().c_malloc(size).cast() }
+    if on_side() {
+        return SIDE.with(|d| unsafe { d.c_malloc(size) }).cast();
+    }
+    // SAFETY: as above.
+    unsafe { main_heap().c_malloc(size).cast() }
 }
 
 pub(crate) fn calloc(total: usize) -> *mut c_void {
@@ -143,46 +341,105 @@ pub(crate) fn calloc(total: usize) -> *mut c_void {
 
 pub(crate) fn memalign(align: usize, size: usize) -> *mut c_void {
     // SAFETY: align is a power of two (checked by callers or by C's contract).
-    unsafe { HEAP.lock_ok().c_memalign(align.max(16), size).cast() }
+    if on_side() {
+        return SIDE.with(|d| unsafe { d.c_memalign(align.max(16), size) }).cast();
+    }
+    // SAFETY: as above.
+    unsafe { main_heap().c_memalign(align.max(16), size).cast() }
 }
 
 /// # Safety
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    // SAFETY: the caller's contract.
-    unsafe { HEAP.lock_ok().c_realloc(p.cast(), size).cast() }
+    // SAFETY: the caller's contract; a block is reallocated by its own heap.
+    unsafe {
+        match owner(p) {
+            Owner::Side => SIDE.with(|d| d.c_realloc(p.cast(), size)).cast(),
+            Owner::Abandoned => {
+                // Never freed. Its size is in its dlmalloc chunk header,
+                // the word before it (the size, less the header, with flag
+                // bits in the low three).
+                let q = malloc(size);
+                if !q.is_null() {
+                    let chunk = p.cast::<usize>().sub(1).read() & !7;
+                    let room = chunk.saturating_sub(std::mem::size_of::<usize>());
+                    std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(room));
+                }
+                q
+            }
+            _ => main_heap().c_realloc(p.cast(), size).cast(),
+        }
+    }
 }
 
 /// # Safety
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn free(p: *mut c_void) {
-    // SAFETY: the caller's contract.
-    unsafe { HEAP.lock_ok().c_free(p.cast()) }
+    match owner(p) {
+        Owner::Side => SIDE.with(|d| unsafe { d.c_free(p.cast()) }),
+        // SAFETY: the caller's contract.
+        Owner::Main => unsafe { free_main(p.cast()) },
+        Owner::Abandoned | Owner::None => {}
+    }
 }
 
 /// zmem's global allocator.
 pub(crate) struct ZmemHeap;
 
-// SAFETY: every block comes from the one dlmalloc instance, under its lock,
-// with the layout's size and alignment, and goes back to it.
+// SAFETY: every block comes from one of the two dlmalloc instances, under
+// its lock, with the layout's size and alignment, and goes back to the one
+// that made it (told by its address); an abandoned side heap's blocks are
+// never freed.
 unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
         // SAFETY: GlobalAlloc's contract: a non-zero size, a power-of-two alignment.
-        unsafe { HEAP.lock_ok().malloc(l.size(), l.align()) }
+        if on_side() {
+            return SIDE.with(|d| unsafe { d.malloc(l.size(), l.align()) });
+        }
+        // SAFETY: as above.
+        unsafe { main_heap().malloc(l.size(), l.align()) }
     }
 
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
         // SAFETY: as alloc.
-        unsafe { HEAP.lock_ok().calloc(l.size(), l.align()) }
+        if on_side() {
+            return SIDE.with(|d| unsafe { d.calloc(l.size(), l.align()) });
+        }
+        // SAFETY: as alloc.
+        unsafe { main_heap().calloc(l.size(), l.align()) }
     }
 
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: p came from alloc with layout l, freed once.
-        unsafe { HEAP.lock_ok().free(p, l.size(), l.align()) }
+    unsafe fn dealloc(&self, p: *mut u8, _: std::alloc::Layout) {
+        // SAFETY: p came from alloc, freed once.
+        unsafe { free(p.cast()) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        // SAFETY: p came from alloc with layout l; new is non-zero.
-        unsafe { HEAP.lock_ok().realloc(p, l.size(), l.align(), new) }
+        let same_heap = match owner(p.cast()) {
+            Owner::Side => true,
+            Owner::Main => !on_side(),
+            _ => false,
+        };
+        if same_heap {
+            // SAFETY: p came from alloc with layout l; new is non-zero.
+            return unsafe {
+                match owner(p.cast()) {
+                    Owner::Side => SIDE.with(|d| d.realloc(p, l.size(), l.align(), new)),
+                    _ => main_heap().realloc(p, l.size(), l.align(), new),
+                }
+            };
+        }
+        // A side-heap thread growing a main-heap block (or an abandoned
+        // one): moved to its own heap, so it never waits for the main lock.
+        // SAFETY: new is non-zero and l.align() a power of two.
+        let q = unsafe { self.alloc(std::alloc::Layout::from_size_align_unchecked(new, l.align())) };
+        if !q.is_null() {
+            // SAFETY: p has l.size() bytes, q has new; distinct blocks.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, q, l.size().min(new));
+                self.dealloc(p, l);
+            }
+        }
+        q
     }
 }
