@@ -45,6 +45,29 @@ impl Mapping {
         Ok(Mapping { ptr: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)?, len })
     }
 
+    /// Maps the first `len` bytes of the file `fd`, shared and read-only.
+    ///
+    /// # Errors
+    /// mmap's error.
+    pub fn file_read_only(fd: &std::os::fd::OwnedFd, len: usize) -> rustix::io::Result<Mapping> {
+        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let _recording = zmem_common::owned::spawn_lock();
+        // SAFETY: a fresh mapping at an address the kernel picks aliases
+        // nothing; the file's bytes are only read through it.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }?;
+        zmem_common::owned::add(p as u64, len, zmem_common::owned::Kind::Zmem);
+        Ok(Mapping { ptr: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)?, len })
+    }
+
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }

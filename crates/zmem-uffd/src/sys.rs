@@ -255,6 +255,13 @@ impl Uffd {
         Uffd { fd: zmem_common::fds::KeptFd::new(child), features: self.features, ioctls: self.ioctls }
     }
 
+    /// A userfaultfd handed over by another process (a forked child gets
+    /// its own from its parent, which read the FORK event), with the
+    /// features and ioctls the parent's had.
+    pub fn handed_over(fd: OwnedFd, features: Features, ioctls: u64) -> Uffd {
+        Uffd { fd: zmem_common::fds::KeptFd::new(fd), features, ioctls }
+    }
+
     /// The features in force (what was asked for; the kernel may add more).
     pub fn features(&self) -> Features {
         self.features
@@ -571,6 +578,30 @@ impl Uffd {
             Err(Errno::AGAIN) => Ok(None),
             Err(e) => Err(UffdError::Read(e)),
         }
+    }
+
+    /// Reads up to `out.capacity()` pending events into `out` (cleared
+    /// first; non-blocking) with no allocation: a handler that may read a
+    /// FORK event calls it with room made beforehand (see
+    /// [`read_event`](Self::read_event) for why).
+    ///
+    /// # Errors
+    /// read's error, or a short message.
+    pub fn read_events_into(&self, out: &mut Vec<Event>) -> Result<(), UffdError> {
+        const MAX: usize = 64;
+        out.clear();
+        let mut buf = [0u8; MSG_SIZE * MAX];
+        let max = out.capacity().clamp(1, MAX);
+        let n = match rustix::io::read(&self.fd, &mut buf[..MSG_SIZE * max]) {
+            Ok(n) => n,
+            Err(Errno::AGAIN) => return Ok(()),
+            Err(e) => return Err(UffdError::Read(e)),
+        };
+        if n % MSG_SIZE != 0 {
+            return Err(UffdError::ShortMessage(n));
+        }
+        out.extend(buf[..n].chunks_exact(MSG_SIZE).map(parse));
+        Ok(())
     }
 
     /// Reads the pending events (non-blocking: none pending is an empty vec).

@@ -5,39 +5,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use zmem_compress::corpus::Corpus;
 use zmem_tier::TierConfig;
 mod common;
+#[path = "common/pages.rs"]
+mod pages;
 
 use common::watchdog;
+use pages::{check_page, write_page, WORDS};
 use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig, Region};
-
-const WORDS: usize = PAGE_SIZE / 8;
-
-/// Word `i` of page `p` at version `v`: a real heap page, changed by version.
-fn word(p: usize, v: u32, i: usize) -> u64 {
-    let c = Corpus::sample();
-    let src = c.page(p % c.len());
-    let w = u64::from_ne_bytes(src[i * 8..i * 8 + 8].try_into().unwrap());
-    if v == 0 {
-        w
-    } else {
-        w ^ (u64::from(v) << 32 | p as u64)
-    }
-}
-
-fn write_page(r: &Region, p: usize, v: u32) {
-    let w = r.words();
-    for i in 0..WORDS {
-        w[p * WORDS + i].store(word(p, v, i), Ordering::Relaxed);
-    }
-}
-
-fn check_page(r: &Region, p: usize, v: u32) -> usize {
-    let w = r.words();
-    (0..WORDS).filter(|&i| w[p * WORDS + i].load(Ordering::Relaxed) != word(p, v, i)).count()
-}
 
 /// A pager under `cfg` with a 32 MiB region written with `v`, evicted down
 /// to the low watermark: where the read-ahead tests walk.

@@ -86,6 +86,8 @@ impl Pager {
         if split.is_empty() {
             return;
         }
+        // A forked child may still need their entries.
+        inner.wait_handover();
         // No reclaim pass meanwhile.
         let _gate = inner.reclaim_gate.lock_ok();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
@@ -179,13 +181,41 @@ impl Inner {
     }
 
     pub(super) fn adopt_range(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
+        Ok(self.adopt_range_with(addr, len, None)?.map_or(0, |(st, _)| st.len))
+    }
+
+    /// In a forked child's new pager: adopts `[addr, addr + len)`, where
+    /// `has[p]` says page `p` has an entry in the parent's snapshot. A page
+    /// with one that this process does not have is the child's evicted
+    /// page: its folio is Evicted (or, beside present pages, Resident with
+    /// the page left in the tier). Returns the region and, per page,
+    /// whether to import its entry (`true`) or put it in place (a folio too
+    /// large to mark the page left in the tier); `None` if nothing was
+    /// adopted.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn adopt_with_entries(
+        &self,
+        addr: u64,
+        len: usize,
+        has: &[bool],
+    ) -> Result<Option<(Arc<RegionState>, Vec<bool>)>, PagerError> {
+        Ok(self.adopt_range_with(addr, len, Some(has))?.map(|(st, take)| (st, take.unwrap_or_default())))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn adopt_range_with(
+        &self,
+        addr: u64,
+        len: usize,
+        has: Option<&[bool]>,
+    ) -> Result<Option<(Arc<RegionState>, Option<Vec<bool>>)>, PagerError> {
         let fs = self.cfg.folio_size;
         // The region is whole folios; the tail shorter than a folio is
         // registered with it but left unmanaged (see below).
         let full = len / PAGE_SIZE * PAGE_SIZE;
         let len = full / fs * fs;
         if len == 0 || addr % PAGE_SIZE as u64 != 0 {
-            return Ok(0);
+            return Ok(None);
         }
         let st = self.region_state(addr, len, None, None);
         let nf = len / fs;
@@ -203,7 +233,7 @@ impl Inner {
             if taken {
                 self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
                 log::debug!("not adopting {addr:#x}+{len:#x}: a region has part of it");
-                return Ok(0);
+                return Ok(None);
             }
             regions.insert((addr, st.id), Arc::clone(&st));
         }
@@ -258,7 +288,7 @@ impl Inner {
                 // memory that is no longer registered.
                 let _ = self.uffd.unregister(addr, cut - addr);
                 self.retire(&st);
-                return Ok(0);
+                return Ok(None);
             }
         }
         if !self.cfg.inject_adopt_delay.is_zero() {
@@ -270,27 +300,63 @@ impl Inner {
         let pm = PageMap::open()?;
         let ppf = fs / PAGE_SIZE;
         let pages = len / PAGE_SIZE;
+        let mut take = has.map(|_| vec![false; pages]);
         let mut p = 0;
         while p < pages {
             let n = PAGEMAP_CHUNK.min(pages - p);
             let mapped = pm.mapped(addr + (p * PAGE_SIZE) as u64, n)?;
             for (i, chunk) in mapped.chunks(ppf).enumerate() {
-                if chunk.iter().any(|&m| m) {
-                    let f = p / ppf + i;
-                    let (lock, _) = self.stripe(&st, f);
-                    let _g = lock.lock_ok();
-                    if st.folio(f) == Folio::Never {
-                        self.became_resident(&st, f);
-                        self.zero_absent(&st, f, chunk);
+                let f = p / ppf + i;
+                // The pages of this folio the parent's snapshot has and this
+                // process lacks: evicted here.
+                let evicted: Vec<bool> = match has {
+                    Some(h) => {
+                        (0..chunk.len()).map(|j| !chunk[j] && h.get(f * ppf + j).copied().unwrap_or(false)).collect()
                     }
+                    None => Vec::new(),
+                };
+                let any_evicted = evicted.contains(&true);
+                let present = chunk.iter().any(|&m| m);
+                if !present && !any_evicted {
+                    continue;
                 }
+                let (lock, _) = self.stripe(&st, f);
+                let _g = lock.lock_ok();
+                if st.folio(f) != Folio::Never {
+                    continue;
+                }
+                if !present {
+                    st.set_folio(f, Folio::Evicted);
+                    if let Some(t) = take.as_mut() {
+                        for (j, &e) in evicted.iter().enumerate() {
+                            t[f * ppf + j] = e;
+                        }
+                    }
+                    continue;
+                }
+                self.became_resident(&st, f);
+                if any_evicted {
+                    let mut mask = 0u64;
+                    for (j, &e) in evicted.iter().enumerate().filter(|(_, e)| **e) {
+                        if j < 64 {
+                            mask |= 1 << j;
+                            if let Some(t) = take.as_mut() {
+                                t[f * ppf + j] = e;
+                            }
+                        }
+                    }
+                    self.set_swapped(&st, f, mask);
+                }
+                let filled: Vec<bool> =
+                    (0..chunk.len()).map(|j| chunk[j] || evicted.get(j).copied().unwrap_or(false)).collect();
+                self.zero_absent(&st, f, &filled);
             }
             p += n;
         }
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
-        Ok(len)
+        Ok(Some((st, take)))
     }
 
     /// Folio `f` of `st`, just adopted as Resident because some of its

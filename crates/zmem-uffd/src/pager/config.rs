@@ -24,6 +24,9 @@ pub enum PagerError {
     Map(rustix::io::Errno),
     #[error("the process tree's accounting: {0}")]
     Tree(#[from] crate::tree::TreeError),
+    /// A forked child could not take its memory over from its parent.
+    #[error("fork hand-over: {0}")]
+    Handover(String),
 }
 
 /// Settings of a pager.
@@ -59,6 +62,16 @@ pub struct PagerConfig {
     /// must run before every fork). Off: regions are `MADV_DONTFORK`, and
     /// a child that touches one gets SIGSEGV.
     pub keep_on_fork: bool,
+    /// With `keep_on_fork`: ask for `UFFD_FEATURE_EVENT_FORK`, so that a
+    /// fork loads nothing back; the child's evicted pages stay in the tier
+    /// and its pager takes them over (`pager/handover.rs`). Needs one
+    /// handler thread, which must not wait for a lock the forking thread
+    /// holds across fork (the shim gives it a heap of its own with
+    /// `handler_init`). Off: every evicted folio is loaded back before a
+    /// fork.
+    pub fork_event: bool,
+    /// Run on the handler thread after `thread_init`.
+    pub handler_init: Option<fn()>,
     /// Run first on every thread the pager starts (the LD_PRELOAD shim marks
     /// its internal threads with it, so their allocations stay unmanaged).
     pub thread_init: Option<fn()>,
@@ -151,6 +164,8 @@ impl PagerConfig {
             handler_cpus: Vec::new(),
             track_writes: true,
             keep_on_fork: false,
+            fork_event: false,
+            handler_init: None,
             thread_init: None,
             adopt: None,
             tree: None,

@@ -254,21 +254,41 @@ impl Inner {
         let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
         let spin = self.cfg.handler_spin;
         let mut last_event = Instant::now();
+        // Read into without allocating: fork waits for its event to be read
+        // while the forking thread holds the allocator's locks.
+        let mut events: Vec<Event> = Vec::with_capacity(64);
+        // Events read after a FORK event in the same batch: handled once
+        // the child has its memory.
+        let mut carry: Vec<Event> = Vec::new();
         loop {
             if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
                 return;
             }
             // Busy-poll (non-blocking reads) for `spin` after the last
             // event, then block in poll(2).
-            let spinning = !spin.is_zero() && pending.is_empty() && last_event.elapsed() < spin;
-            if !spinning {
+            let spinning = !spin.is_zero() && pending.is_empty() && carry.is_empty() && last_event.elapsed() < spin;
+            if !spinning && carry.is_empty() {
                 let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
                 if self.uffd.wait(Some(timeout)).is_err() {
                     return;
                 }
             }
             let guard = self.events.write_ok();
-            let Ok(events) = self.uffd.read_events(64) else { return };
+            if carry.is_empty() {
+                if self.uffd.read_events_into(&mut events).is_err() {
+                    return;
+                }
+            } else {
+                events.clear();
+                events.append(&mut carry);
+            }
+            // A FORK event: the events before it are handled now, the child
+            // is served until it has its memory, and the rest come after.
+            let fork = events.iter().position(|e| matches!(e, Event::Fork { .. })).map(|i| {
+                self.fork_seen();
+                carry = events.split_off(i + 1);
+                events.pop().expect("the FORK event")
+            });
             // Where regions are (REMAP) and which parts the program unmapped
             // (UNMAP), before anyone may look (`Region::drop`). The regions
             // each REMOVE or UNMAP drops pages of are the ones there now: a
@@ -302,7 +322,7 @@ impl Inner {
             } else {
                 last_event = Instant::now();
             }
-            for ev in events {
+            for ev in events.drain(..) {
                 match ev {
                     Event::PageFault { addr, write, .. } => pending.push_back((addr, write)),
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
@@ -315,6 +335,14 @@ impl Inner {
                     }
                     Event::Remap { .. } | Event::Fork { .. } | Event::Unknown(_) => {}
                 }
+            }
+            if let Some(Event::Fork { uffd }) = fork {
+                if self.cfg.fork_event {
+                    self.serve_child(uffd, &mut bounce);
+                }
+                // The parent's faults read before the fork wait: serving
+                // them now could free entries the child needed.
+                continue;
             }
             // Serve faults in order; a folio being evicted waits its turn
             // (the others go ahead), and at the first EAGAIN go back and

@@ -34,8 +34,15 @@ impl Pager {
     /// reclaim and loads every evicted folio back. Call it right before
     /// `fork`, with no region being dropped meanwhile, and
     /// [`fork_parent`](Self::fork_parent) after it in the parent.
+    ///
+    /// With [`PagerConfig::fork_event`](super::PagerConfig) nothing is
+    /// loaded: the child takes its evicted pages over (`handover.rs`).
     pub fn fork_prepare(&self) {
         let inner = &self.inner;
+        if inner.cfg.fork_event {
+            inner.prepare_handover();
+            return;
+        }
         inner.frozen.store(true, Ordering::Release);
         // The pass in flight ends at its next batch; no new one starts.
         drop(inner.reclaim_gate.lock_ok());
@@ -78,6 +85,11 @@ impl Pager {
     /// After a fork, in the parent: reclaim runs again.
     pub fn fork_parent(&self) {
         self.inner.forked.store(true, Ordering::Relaxed);
+        if self.inner.cfg.fork_event {
+            // Reclaim runs again once the handler has handed over.
+            self.inner.parent_handover();
+            return;
+        }
         self.inner.frozen.store(false, Ordering::Release);
         self.inner.kick_reclaim();
     }

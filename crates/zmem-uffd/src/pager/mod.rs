@@ -105,6 +105,7 @@ mod config;
 mod events;
 mod fault;
 mod fork;
+mod handover;
 mod lru;
 mod reclaim;
 mod region;
@@ -244,6 +245,17 @@ struct Inner {
     /// The limit that applies now: `cfg.limit`, or this process's share of
     /// its tree's (refreshed by `refresh_limit`).
     limit_now: AtomicUsize,
+    /// With `fork_event`: the two ends of the socket pair a fork's
+    /// hand-over goes through, made by `fork_prepare`; the parent's end is
+    /// taken by the handler as it reads the FORK event, the child's by the
+    /// child (and closed by the parent step). See `handover.rs`.
+    link_parent: Mutex<Option<std::os::fd::OwnedFd>>,
+    link_child: Mutex<Option<std::os::fd::OwnedFd>>,
+    /// `handover::Fork` as a number: where the last fork is.
+    fork_state: std::sync::atomic::AtomicU8,
+    /// The handler is serving a forked child until it hands over: nothing
+    /// may free an entry the child may still need (`wait_handover`).
+    serving_child: AtomicBool,
 }
 
 /// Where an Evicting folio's moved pages went (see `Inner::forwards`).
@@ -290,6 +302,13 @@ impl Pager {
     /// A bad configuration, no userfaultfd (with what to change), or the
     /// tier's errors.
     pub fn new(cfg: PagerConfig) -> Result<Pager, PagerError> {
+        Self::start(cfg, None)
+    }
+
+    /// [`new`](Self::new), or with `handed`, in a forked child: the
+    /// userfaultfd the parent handed over and the parent's snapshot of the
+    /// child's evicted pages, imported before any thread starts.
+    fn start(cfg: PagerConfig, handed: Option<handover::Handed>) -> Result<Pager, PagerError> {
         let fs = cfg.folio_size;
         if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
             return Err(ConfigError::out_of_range("folio_size", fs, "4 KiB..=2 MiB, a power of two").into());
@@ -310,19 +329,35 @@ impl Pager {
         if !(1..=16).contains(&cfg.handler_threads) {
             return Err(ConfigError::out_of_range("handler_threads", cfg.handler_threads, "1..=16").into());
         }
+        if cfg.fork_event && (!cfg.keep_on_fork || cfg.handler_threads != 1) {
+            return Err(ConfigError::invalid("fork_event", "it needs keep_on_fork and one handler thread").into());
+        }
         let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
         let offered = Uffd::offered(OpenMode::Auto)?;
         let tracking = cfg.track_writes && offered.contains(Features::WP_ASYNC);
         if tracking {
             want = want | Features::WP_ASYNC;
         }
+        if cfg.fork_event {
+            want = want | Features::EVENT_FORK;
+        }
         let poison = offered.contains(Features::POISON);
         if poison {
             want = want | Features::POISON;
         }
-        let member =
-            cfg.tree.as_deref().map(|p| crate::tree::Tree::open(p).and_then(crate::tree::Tree::join)).transpose()?;
-        let uffd = Uffd::open(OpenMode::Auto, want)?;
+        let member = cfg.tree.as_deref().map(|p| crate::tree::Tree::open(p).and_then(crate::tree::Tree::join));
+        let member = match member {
+            // A forked child holding its handed-over memory must start.
+            Some(Err(e)) if handed.is_some() => {
+                log::warn!("{e}; this process takes the whole limit");
+                None
+            }
+            m => m.transpose()?,
+        };
+        let (uffd, snapshot) = match handed {
+            Some(h) => (h.uffd, Some(h.snapshot)),
+            None => (Uffd::open(OpenMode::Auto, want)?, None),
+        };
         // Loads keep their entries until the folio is mapped: a COPY can fail
         // with EAGAIN (an unread event), and the pages must survive a retry.
         let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
@@ -357,6 +392,10 @@ impl Pager {
             zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),
             limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
             member,
+            link_parent: Mutex::new(None),
+            link_child: Mutex::new(None),
+            fork_state: std::sync::atomic::AtomicU8::new(0),
+            serving_child: AtomicBool::new(false),
             uffd,
             tier,
             cfg,
@@ -365,6 +404,12 @@ impl Pager {
         // both sides to have the same page protection, and WP registration
         // changes it.
         let staging = Staging::new(&inner.uffd, inner.register_mode(), inner.cfg.folio_size, inner.cfg.batch_folios())?;
+        if let Some(snap) = snapshot {
+            // Before any thread: the child's faults wait in the kernel until
+            // its pages are where the handler looks for them.
+            inner.import_fork(&snap)?;
+            inner.forked.store(true, Ordering::Relaxed);
+        }
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
             std::thread::Builder::new()
@@ -381,7 +426,15 @@ impl Pager {
         for i in 0..inner.cfg.handler_threads {
             let h = Arc::clone(&inner);
             let cpu = (!h.cfg.handler_cpus.is_empty()).then(|| h.cfg.handler_cpus[i % h.cfg.handler_cpus.len()]);
-            threads.push(spawn(format!("zmem-handler-{i}"), Box::new(move || h.handler_main(cpu)))?);
+            threads.push(spawn(
+                format!("zmem-handler-{i}"),
+                Box::new(move || {
+                    if let Some(init) = h.cfg.handler_init {
+                        init();
+                    }
+                    h.handler_main(cpu);
+                }),
+            )?);
         }
         let r = Arc::clone(&inner);
         threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);

@@ -296,6 +296,8 @@ impl Drop for Region {
     fn drop(&mut self) {
         let inner = &self.inner;
         let st = &self.state;
+        // A forked child may still need this region's entries.
+        inner.wait_handover();
         // The handler records UNMAP and REMAP events under `events` before
         // it lets go of it; a munmap or mremap the program made returned
         // only after its event was read, so once we have held the lock, the

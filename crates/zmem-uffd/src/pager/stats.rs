@@ -46,6 +46,11 @@ pub struct PagerStats {
     pub move_recounts: u64,
     /// Folios loaded back before a fork, so that the child's copy is whole.
     pub fork_loads: u64,
+    /// Forked children handed their memory (`fork_event`), faults of theirs
+    /// served before, and pages a child imported from its parent.
+    pub fork_handovers: u64,
+    pub fork_child_faults: u64,
+    pub fork_imported_pages: u64,
     /// Folios loaded ahead of sequential faults (`fault.rs`, `ReadAhead`).
     pub readahead_folios: u64,
     /// Never-touched folios given zeros ahead of sequential write faults.
@@ -130,6 +135,9 @@ pub(super) struct Counters {
     pub(super) poisoned_pages: AtomicU64,
     pub(super) move_recounts: AtomicU64,
     pub(super) fork_loads: AtomicU64,
+    pub(super) fork_handovers: AtomicU64,
+    pub(super) fork_child_faults: AtomicU64,
+    pub(super) fork_imported_pages: AtomicU64,
     pub(super) readahead_folios: AtomicU64,
     pub(super) zero_ahead_folios: AtomicU64,
     pub(super) adoption_cuts: AtomicU64,
@@ -185,6 +193,9 @@ impl Pager {
             poisoned_pages: r(&c.poisoned_pages),
             move_recounts: r(&c.move_recounts),
             fork_loads: r(&c.fork_loads),
+            fork_handovers: r(&c.fork_handovers),
+            fork_child_faults: r(&c.fork_child_faults),
+            fork_imported_pages: r(&c.fork_imported_pages),
             cow_breaks: r(&c.cow_breaks),
             shared_parks: r(&c.shared_parks),
             shared_bytes: (self.inner.shared_folios.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,

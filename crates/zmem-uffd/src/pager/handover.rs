@@ -1,0 +1,690 @@
+//! fork without load-back (`PagerConfig::fork_event`).
+//!
+//! The pager's userfaultfd asks for `UFFD_FEATURE_EVENT_FORK`. At fork the
+//! kernel gives the child a userfaultfd of its own holding every
+//! registration of the parent's, and hands it to the parent's handler in a
+//! FORK event; fork returns once that event is read. The child's evicted
+//! pages stay missing there, and its faults wait on that userfaultfd:
+//!
+//! 1. *Prepare* (`Pager::fork_prepare`, before fork): reclaim is frozen
+//!    (the pass in flight ends) and a socket pair is made, the *link*.
+//!    Nothing is loaded back.
+//! 2. *FORK read* (the handler): from here until the hand-over the handler
+//!    serves the child only ([`Inner::serve_child`]): its faults, from the
+//!    parent's tier, one page each, and its events. The parent's own
+//!    faults and events wait in the kernel, and nothing else frees an entry
+//!    (`serving_child`: a region's drop and a split mremap wait for it), so
+//!    the tier holds exactly the child's missing pages as they were at fork.
+//!    Events read before the FORK event are the parent's: a REMOVE or UNMAP
+//!    in flight at the moment of fork drops the pages for the child too.
+//! 3. *Parent step*: the parent closes its copy of the child's end, and
+//!    waits until the handler is done with the child: a parent that exits
+//!    at once (a daemon's first parent) would take the child's userfaultfd
+//!    with it. A fork that raised no FORK event (it failed, or copied no
+//!    registered mapping) is seen as such after [`SEEN_GRACE`].
+//! 4. *Child step* (the shim's, right after fork): the child abandons the
+//!    parent's pager and asks for its memory over the link
+//!    ([`Pager::from_parent`]). The parent writes a snapshot into a memfd:
+//!    the regions, then every page the child may lack with its entry as
+//!    [`Tier::export`](zmem_tier::Tier::export) gives it (objects copied,
+//!    not expanded), and sends it with the child's userfaultfd
+//!    (`SCM_RIGHTS`). It closes its copy, lets reclaim run, and goes back to
+//!    its own faults.
+//! 5. The child starts a pager on that userfaultfd, adopts the regions,
+//!    imports the entries of the pages it does not have (`pagemap`: the
+//!    parent served some already), and only then starts its threads.
+//!
+//! If the child never asks within [`HANDOVER_TIMEOUT`] (a raw `fork`
+//! syscall runs no atfork handler; a stopped child), the parent copies
+//! every page the child lacks into it and closes the child's userfaultfd:
+//! the child's memory is whole and unmanaged, as with a load-back. If the
+//! child closes its end first (it exec'd or died), the parent just closes
+//! the child's userfaultfd.
+
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags, SocketFlags, SocketType,
+};
+use zmem_common::{LockExt, RwLockExt};
+use zmem_tier::{Exported, LoadOutcome};
+
+use super::stats::inc;
+use super::{Folio, Inner, Pager, PagerConfig, PagerError, RegionState};
+use crate::mapping::PAGE_SIZE;
+use crate::sys::{Event, Features, Uffd, UffdError};
+
+/// How long the parent serves a child that has not asked for its memory
+/// before it copies the memory into it and lets go.
+pub(super) const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
+
+const MAGIC: u64 = 0x6b72_6f66_6d65_6d7a; // "zmemfork"
+const VERSION: u32 = 1;
+const REQUEST: &[u8] = b"give";
+
+/// Where the last fork is (`Inner::fork_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Fork {
+    Idle = 0,
+    /// Prepared: the link is made, reclaim frozen.
+    Prepared = 1,
+    /// The handler read the FORK event (set as soon as it is read; fork
+    /// returns only after that read).
+    Seen = 2,
+}
+
+/// How long the parent step waits for the handler to say it read the FORK
+/// event, after which it takes it that none came (the fork failed, or no
+/// registered mapping was copied: all were `MADV_DONTFORK`).
+const SEEN_GRACE: Duration = Duration::from_secs(1);
+
+/// What a forked child's pager starts from.
+pub(super) struct Handed {
+    pub(super) uffd: Uffd,
+    pub(super) snapshot: Snapshot,
+}
+
+/// The parent's snapshot, mapped from the memfd it came in.
+pub(super) struct Snapshot {
+    map: crate::mapping::Mapping,
+    len: usize,
+}
+
+impl Snapshot {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes of the memfd, which
+        // nobody writes any more (the parent closed it after sending), and
+        // lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.map.addr() as *const u8, self.len) }
+    }
+}
+
+/// One page the child may lack, as the parent has it.
+enum Page {
+    Entry(Exported),
+    /// A rejected folio's page, held uncompressed.
+    Raw(Vec<u8>),
+}
+
+/// What a child did to its memory while the parent served it (in the
+/// child's addresses, in order).
+#[derive(Debug, Default)]
+struct ChildEdits {
+    dropped: Vec<(u64, u64)>,
+    moved: Vec<(u64, u64, u64)>,
+}
+
+impl ChildEdits {
+    /// The child's address of the parent's page at `a` (now), if the child
+    /// still has it.
+    fn to_child(&self, mut a: u64) -> Option<u64> {
+        for &(from, to, len) in &self.moved {
+            if (from..from + len).contains(&a) {
+                a = to + (a - from);
+            }
+        }
+        (!self.dropped.iter().any(|&(s, e)| (s..e).contains(&a))).then_some(a)
+    }
+
+    /// The parent's address of the child's page at `a`; `None` if the
+    /// child dropped it (it reads as zeros).
+    fn to_parent(&self, a: u64) -> Option<u64> {
+        if self.dropped.iter().any(|&(s, e)| (s..e).contains(&a)) {
+            return None;
+        }
+        let mut a = a;
+        for &(from, to, len) in self.moved.iter().rev() {
+            if (to..to + len).contains(&a) {
+                a = from + (a - to);
+            }
+        }
+        Some(a)
+    }
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> PagerError {
+    PagerError::Handover(format!("{what}: {e}"))
+}
+
+impl Pager {
+    /// In a forked child, for a pager of the parent's made with
+    /// `fork_event`: this child's end of the hand-over link, taken so that
+    /// [`abandon_in_child`](Self::abandon_in_child) leaves it open. `None`
+    /// if the parent's pager has no fork in flight.
+    pub fn fork_link_in_child(&self) -> Option<OwnedFd> {
+        let fd = self.inner.link_child.lock_ok().take()?;
+        zmem_common::fds::forget(fd.as_raw_fd());
+        Some(fd)
+    }
+
+    /// In a forked child: asks the parent for this process's userfaultfd
+    /// and evicted pages over `link`, and starts a pager on them under
+    /// `cfg` (as the parent's). The child's faults wait meanwhile.
+    ///
+    /// # Errors
+    /// The parent let go first (it timed out: the child's memory was copied
+    /// in whole, and the caller starts a plain pager), or the pager's errors.
+    pub fn from_parent(cfg: PagerConfig, link: OwnedFd) -> Result<Pager, PagerError> {
+        rustix::net::send(&link, REQUEST, SendFlags::empty()).map_err(|e| io_err("asking the parent", e))?;
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let mut head = [0u8; 24];
+        let r = rustix::net::recvmsg(&link, &mut [IoSliceMut::new(&mut head)], &mut anc, RecvFlags::CMSG_CLOEXEC)
+            .map_err(|e| io_err("the parent's answer", e))?;
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for m in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                fds.extend(rights);
+            }
+        }
+        if r.bytes != head.len() || fds.len() != 2 {
+            return Err(PagerError::Handover("the parent let go (its copy went in whole)".into()));
+        }
+        let features = Features(u64::from_ne_bytes(head[0..8].try_into().expect("8 bytes")));
+        let ioctls = u64::from_ne_bytes(head[8..16].try_into().expect("8 bytes"));
+        let len = u64::from_ne_bytes(head[16..24].try_into().expect("8 bytes")) as usize;
+        let memfd = fds.pop().expect("two");
+        let uffd = Uffd::handed_over(fds.pop().expect("two"), features, ioctls);
+        let map = match crate::mapping::Mapping::file_read_only(&memfd, len.max(1)) {
+            Ok(m) => m,
+            Err(e) => {
+                log::error!("a forked child cannot read its parent's snapshot ({e}): aborting");
+                std::process::abort();
+            }
+        };
+        drop(memfd);
+        match Pager::start(cfg, Some(Handed { uffd, snapshot: Snapshot { map, len } })) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                // The userfaultfd holds this process's evicted pages'
+                // registrations: without a pager they would read as zeros.
+                log::error!("a forked child cannot manage the memory its parent handed over ({e}): aborting");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// `fork_prepare` with `fork_event`: reclaim frozen, the link made.
+    /// With no region there is no registered mapping to copy, so no FORK
+    /// event will come: nothing to do (the child starts a pager of its own).
+    pub(super) fn prepare_handover(&self) {
+        if self.regions.read_ok().is_empty() {
+            return;
+        }
+        self.frozen.store(true, Ordering::Release);
+        drop(self.reclaim_gate.lock_ok());
+        match rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None) {
+            Ok((a, b)) => {
+                zmem_common::fds::keep(a.as_raw_fd());
+                zmem_common::fds::keep(b.as_raw_fd());
+                *self.link_parent.lock_ok() = Some(a);
+                *self.link_child.lock_ok() = Some(b);
+            }
+            // The child then gets its memory copied in whole.
+            Err(e) => log::warn!("no fork hand-over link ({e}): the child's memory will be copied in whole"),
+        }
+        self.fork_state.store(Fork::Prepared as u8, Ordering::Release);
+    }
+
+    /// `fork_parent` with `fork_event`: the child's end is the child's, and
+    /// the parent waits until the handler is done with the child (handed
+    /// over, the child gone, or its memory copied in). A parent that exits
+    /// right after fork (a daemon's first parent does) would otherwise take
+    /// the child's userfaultfd with it, and the child's evicted pages would
+    /// read as zeros. Reclaim runs again once the handler is done.
+    pub(super) fn parent_handover(&self) {
+        if let Some(fd) = self.link_child.lock_ok().take() {
+            zmem_common::fds::forget(fd.as_raw_fd());
+        }
+        let grace = Instant::now() + SEEN_GRACE;
+        while self.fork_state.load(Ordering::Acquire) == Fork::Prepared as u8 {
+            if Instant::now() > grace {
+                let none = self.fork_state.compare_exchange(
+                    Fork::Prepared as u8,
+                    Fork::Idle as u8,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                if none.is_ok() {
+                    // No FORK event came: the fork failed, or copied no
+                    // registered mapping.
+                    if let Some(fd) = self.link_parent.lock_ok().take() {
+                        zmem_common::fds::forget(fd.as_raw_fd());
+                    }
+                    self.frozen.store(false, Ordering::Release);
+                    self.kick_reclaim();
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        while self.fork_state.load(Ordering::Acquire) != Fork::Idle as u8 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// The handler read a FORK event: the parent step need not wait for it.
+    pub(super) fn fork_seen(&self) {
+        let _ = self.fork_state.compare_exchange(
+            Fork::Prepared as u8,
+            Fork::Seen as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// A program thread about to free entries (a region's drop, a split
+    /// mremap) waits while the handler serves a forked child.
+    pub(super) fn wait_handover(&self) {
+        while self.serving_child.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The handler read a FORK event: serve the child until it takes its
+    /// memory over (or exits, or times out). See the module's comment.
+    pub(super) fn serve_child(&self, child: OwnedFd, bounce: &mut [u8]) {
+        self.serving_child.store(true, Ordering::Release);
+        let link = self.link_parent.lock_ok().take();
+        if let Some(l) = &link {
+            zmem_common::fds::forget(l.as_raw_fd());
+        }
+        let child = self.uffd.forked(child);
+        let mut edits = ChildEdits::default();
+        let deadline = Instant::now() + HANDOVER_TIMEOUT;
+        let mut pending: Vec<u64> = Vec::new();
+        let outcome = loop {
+            let Some(link) = &link else { break Outcome::Push };
+            let cfd = child.as_fd();
+            let mut fds = [PollFd::new(&cfd, PollFlags::IN), PollFd::new(link, PollFlags::IN)];
+            let wait = if pending.is_empty() { 10 } else { 0 };
+            let ts = rustix::event::Timespec { tv_sec: 0, tv_nsec: wait * 1_000_000 };
+            if rustix::event::poll(&mut fds, Some(&ts)).is_err() {
+                continue;
+            }
+            let (child_ready, link_ready) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+            if child_ready || !pending.is_empty() {
+                let events = child.read_events(64).unwrap_or_default();
+                for ev in events {
+                    match ev {
+                        Event::PageFault { addr, .. } => pending.push(addr & !(PAGE_SIZE as u64 - 1)),
+                        Event::Remove { start, end } | Event::Unmap { start, end } => edits.dropped.push((start, end)),
+                        Event::Remap { from, to, len } => {
+                            log::warn!("a forked child moved its memory before taking it over");
+                            edits.moved.push((from, to, len));
+                        }
+                        Event::Fork { .. } => {
+                            log::error!("a forked child forked before taking its memory over: the grandchild's evicted pages read as zeros");
+                        }
+                        Event::Unknown(_) => {}
+                    }
+                }
+                pending.retain(|&a| !self.serve_child_fault(&child, &edits, a, bounce));
+            }
+            if link_ready {
+                let mut req = [0u8; 8];
+                break match rustix::net::recv(link, &mut req, RecvFlags::DONTWAIT) {
+                    Ok((n, _)) if &req[..n] == REQUEST => Outcome::HandOver,
+                    // Closed: the child exec'd or exited.
+                    _ => Outcome::Gone,
+                };
+            }
+            if Instant::now() > deadline {
+                break Outcome::Push;
+            }
+        };
+        match outcome {
+            Outcome::HandOver => {
+                let link = link.as_ref().expect("asked over the link");
+                match self.hand_over(&child, link, &edits) {
+                    Ok(pages) => {
+                        self.counters.fork_handovers.fetch_add(1, Ordering::Relaxed);
+                        log::debug!("handed a forked child its memory: {pages} pages");
+                    }
+                    Err(e) => {
+                        log::warn!("handing a forked child its memory failed ({e}): copying it in whole");
+                        self.push_to_child(&child, &edits, bounce);
+                    }
+                }
+            }
+            Outcome::Push => {
+                log::warn!("a forked child did not take its memory over: copying it in whole");
+                self.push_to_child(&child, &edits, bounce);
+            }
+            Outcome::Gone => {}
+        }
+        drop(child);
+        drop(link);
+        self.fork_state.store(Fork::Idle as u8, Ordering::Release);
+        self.serving_child.store(false, Ordering::Release);
+        self.frozen.store(false, Ordering::Release);
+        self.kick_reclaim();
+    }
+
+    /// Fills `page` with the page the child lacks at its address `a`, as
+    /// it was at fork; false if it has no entry (it reads as zeros).
+    fn child_page(&self, edits: &ChildEdits, a: u64, page: &mut [u8]) -> bool {
+        let Some(pa) = edits.to_parent(a) else { return false };
+        let Some(st) = self.region_at(pa) else { return false };
+        let base = st.start.load(Ordering::Acquire);
+        let p = ((pa - base) / PAGE_SIZE as u64) as usize;
+        let f = p / (self.cfg.folio_size / PAGE_SIZE);
+        let (lock, _) = self.stripe(&st, f);
+        let _g = lock.lock_ok();
+        self.page_of(&st, f, p, Some(page)).is_some()
+    }
+
+    /// Page `p` (folio `f`) of `st` as the child may lack it: for an
+    /// Evicted folio or a page left in the tier. With `expand`, the page is
+    /// expanded there and `Some(None)` returned. The caller holds the
+    /// folio's stripe lock.
+    fn page_of(&self, st: &RegionState, f: usize, p: usize, expand: Option<&mut [u8]>) -> Option<Option<Page>> {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let i = p - f * ppf;
+        let in_tier = match st.folio(f) {
+            Folio::Evicted => true,
+            Folio::Resident => st.swapped[f].load(Ordering::Relaxed) >> i & 1 != 0,
+            _ => false,
+        };
+        if !in_tier {
+            return None;
+        }
+        if let Some(dst) = expand {
+            return match self.tier.load_many(st.key(p), dst).pop() {
+                Some(Ok(LoadOutcome::Loaded)) => Some(None),
+                Some(Err(e)) => {
+                    log::error!("a forked child's page failed to load: {e}");
+                    None
+                }
+                _ => {
+                    let held = self.held.lock_ok();
+                    let h = held.get(&(st.id, f)).filter(|h| h.present[i])?;
+                    dst.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                    Some(None)
+                }
+            };
+        }
+        match self.tier.export(st.key(p)) {
+            Ok(Some(e)) => Some(Some(Page::Entry(e))),
+            Ok(None) => {
+                let held = self.held.lock_ok();
+                let h = held.get(&(st.id, f)).filter(|h| h.present[i])?;
+                Some(Some(Page::Raw(h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].to_vec())))
+            }
+            Err(e) => {
+                log::error!("a forked child's page failed to export: {e}");
+                None
+            }
+        }
+    }
+
+    /// Serves the child's fault at page `a` (its address); false to try
+    /// again after reading its events (EAGAIN).
+    fn serve_child_fault(&self, child: &Uffd, edits: &ChildEdits, a: u64, bounce: &mut [u8]) -> bool {
+        let page = &mut bounce[..PAGE_SIZE];
+        if !self.child_page(edits, a, page) {
+            page.fill(0);
+        }
+        // SAFETY: `a` is a page of the child's address space registered
+        // with `child`; the kernel copies from our `page` into it.
+        let r = unsafe { child.copy(a, page.as_ptr(), PAGE_SIZE as u64, false) };
+        match r {
+            Err(UffdError::Again { .. }) => false,
+            Ok(_) => {
+                inc(&self.counters.fork_child_faults);
+                true
+            }
+            Err(_) => {
+                let _ = child.wake(a, PAGE_SIZE as u64);
+                true
+            }
+        }
+    }
+
+    /// Calls `each(child address, st, folio, page)` for every page the
+    /// child may lack, region by region, folio by folio, each under its
+    /// stripe lock.
+    fn for_each_child_page(
+        &self,
+        edits: &ChildEdits,
+        mut each: impl FnMut(u64, &Arc<RegionState>, usize, usize) -> Result<(), PagerError>,
+    ) -> Result<(), PagerError> {
+        let regions: Vec<_> = self.regions.read_ok().values().cloned().collect();
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        for st in regions {
+            let base = st.start.load(Ordering::Acquire);
+            for f in 0..st.state.len() {
+                let (lock, _) = self.stripe(&st, f);
+                let _g = lock.lock_ok();
+                let in_tier = st.folio(f) == Folio::Evicted || st.swapped[f].load(Ordering::Relaxed) != 0;
+                if !in_tier {
+                    continue;
+                }
+                for p in self.folio_pages(&st, f).collect::<Vec<_>>() {
+                    let i = p - f * ppf;
+                    if st.folio(f) != Folio::Evicted && st.swapped[f].load(Ordering::Relaxed) >> i & 1 == 0 {
+                        continue;
+                    }
+                    if let Some(ca) = edits.to_child(base + (p * PAGE_SIZE) as u64) {
+                        each(ca, &st, f, p)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the snapshot and sends it with the child's userfaultfd.
+    /// Returns the pages in it.
+    fn hand_over(&self, child: &Uffd, link: &OwnedFd, edits: &ChildEdits) -> Result<usize, PagerError> {
+        let memfd = rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| io_err("memfd_create", e))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(memfd));
+        let w = |out: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| {
+            out.write_all(b).map_err(|e| io_err("writing the snapshot", e))
+        };
+        w(&mut out, &MAGIC.to_ne_bytes())?;
+        w(&mut out, &VERSION.to_ne_bytes())?;
+        let codec = self.tier.compressor();
+        w(&mut out, &(codec.len() as u32).to_ne_bytes())?;
+        w(&mut out, codec.as_bytes())?;
+        // The regions, in the child's addresses: what it adopts.
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for st in self.regions.read_ok().values() {
+            let base = st.start.load(Ordering::Acquire);
+            for (a, b) in st.mapped_parts() {
+                if let (Some(ca), Some(_)) = (edits.to_child(base + a as u64), edits.to_child(base + b as u64 - 1)) {
+                    spans.push((ca, ca + (b - a) as u64));
+                }
+            }
+        }
+        w(&mut out, &(spans.len() as u64).to_ne_bytes())?;
+        for (a, b) in &spans {
+            w(&mut out, &a.to_ne_bytes())?;
+            w(&mut out, &b.to_ne_bytes())?;
+        }
+        let mut pages = 0;
+        self.for_each_child_page(edits, |ca, st, f, p| {
+            let (kind, bytes) = match self.page_of(st, f, p, None) {
+                Some(Some(Page::Entry(Exported::SameFilled(v)))) => (0u8, v.to_ne_bytes().to_vec()),
+                Some(Some(Page::Entry(Exported::Object(b)) | Page::Raw(b))) => (1u8, b),
+                _ => return Ok(()),
+            };
+            w(&mut out, &ca.to_ne_bytes())?;
+            w(&mut out, &[kind])?;
+            w(&mut out, &(bytes.len() as u16).to_ne_bytes())?;
+            pages += 1;
+            w(&mut out, &bytes)
+        })?;
+        let file = out.into_inner().map_err(|e| io_err("writing the snapshot", e.error()))?;
+        let len = rustix::fs::fstat(&file).map_err(|e| io_err("fstat", e))?.st_size as u64;
+        let memfd = OwnedFd::from(file);
+        let mut head = [0u8; 24];
+        head[0..8].copy_from_slice(&child.features().0.to_ne_bytes());
+        head[8..16].copy_from_slice(&child.api_ioctls().to_ne_bytes());
+        head[16..24].copy_from_slice(&len.to_ne_bytes());
+        let rights = [child.as_fd(), memfd.as_fd()];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut anc = SendAncillaryBuffer::new(&mut space);
+        anc.push(SendAncillaryMessage::ScmRights(&rights));
+        rustix::net::sendmsg(link, &[IoSlice::new(&head)], &mut anc, SendFlags::empty())
+            .map_err(|e| io_err("sending the snapshot", e))?;
+        Ok(pages)
+    }
+
+    /// The child never asked: every page it lacks is copied into it, then
+    /// its userfaultfd is let go (by the caller), and its memory is whole.
+    fn push_to_child(&self, child: &Uffd, edits: &ChildEdits, bounce: &mut [u8]) {
+        let mut pushed = 0u64;
+        let _ = self.for_each_child_page(edits, |ca, st, f, p| {
+            let page = &mut bounce[..PAGE_SIZE];
+            if self.page_of(st, f, p, Some(&mut *page)).is_none() {
+                return Ok(());
+            }
+            for _ in 0..100 {
+                // SAFETY: as in `serve_child_fault`.
+                match unsafe { child.copy(ca, page.as_ptr(), PAGE_SIZE as u64, false) } {
+                    Err(UffdError::Again { .. }) => {
+                        // An event of the child's is unread: read and drop it
+                        // (the child is not ours to manage after this).
+                        let _ = child.read_events(64);
+                    }
+                    _ => break,
+                }
+            }
+            pushed += 1;
+            Ok(())
+        });
+        log::debug!("copied {pushed} pages into a forked child");
+    }
+}
+
+enum Outcome {
+    HandOver,
+    Push,
+    Gone,
+}
+
+impl Inner {
+    /// In a forked child's new pager, before its threads start: adopts the
+    /// regions of the snapshot and imports the entries of the pages this
+    /// process does not have.
+    pub(super) fn import_fork(&self, snap: &Snapshot) -> Result<(), PagerError> {
+        let b = snap.bytes();
+        let bad = || PagerError::Handover("the parent's snapshot is malformed".into());
+        let at = std::cell::Cell::new(0usize);
+        let take = |n: usize| -> Result<&[u8], PagerError> {
+            let s = b.get(at.get()..at.get() + n).ok_or_else(bad)?;
+            at.set(at.get() + n);
+            Ok(s)
+        };
+        let u64_of = |s: &[u8]| u64::from_ne_bytes(s.try_into().expect("8 bytes"));
+        if u64_of(take(8)?) != MAGIC || u32::from_ne_bytes(take(4)?.try_into().expect("4")) != VERSION {
+            return Err(bad());
+        }
+        let clen = u32::from_ne_bytes(take(4)?.try_into().expect("4")) as usize;
+        let codec = std::str::from_utf8(take(clen)?).map_err(|_| bad())?.to_string();
+        if self.tier.compressor() != codec {
+            let spec = codec.parse().map_err(|e| io_err("the parent's compressor", e))?;
+            self.tier.set_compressor(spec)?;
+        }
+        let n = u64_of(take(8)?) as usize;
+        let mut spans = Vec::with_capacity(n.min(1 << 20));
+        for _ in 0..n {
+            let a = u64_of(take(8)?);
+            let e = u64_of(take(8)?);
+            spans.push((a, e));
+        }
+        // The records, by address (the parent wrote them region by region).
+        let mut recs: Vec<(u64, u8, &[u8])> = Vec::new();
+        while at.get() < b.len() {
+            let a = u64_of(take(8)?);
+            let kind = take(1)?[0];
+            let len = u16::from_ne_bytes(take(2)?.try_into().expect("2")) as usize;
+            recs.push((a, kind, take(len)?));
+        }
+        recs.sort_unstable_by_key(|r| r.0);
+        let mut imported = 0u64;
+        let mut lost = 0u64;
+        for (a, e) in spans {
+            let lo = recs.partition_point(|r| r.0 < a);
+            let hi = recs.partition_point(|r| r.0 < e);
+            let mine = &recs[lo..hi];
+            let pages = ((e - a) / PAGE_SIZE as u64) as usize;
+            let mut has = vec![false; pages];
+            for r in mine {
+                has[((r.0 - a) / PAGE_SIZE as u64) as usize] = true;
+            }
+            let (st, take_mask) = match self.adopt_with_entries(a, (e - a) as usize, &has) {
+                Ok(Some(x)) => x,
+                Ok(None) => continue,
+                Err(err) => {
+                    // Its pages cannot be managed: they are put in place.
+                    log::warn!("a forked child could not adopt {a:#x}..{e:#x} ({err}): its pages go in whole");
+                    lost += self.put_in_place(mine)?;
+                    continue;
+                }
+            };
+            for r in mine {
+                let p = ((r.0 - a) / PAGE_SIZE as u64) as usize;
+                if !take_mask.get(p).copied().unwrap_or(false) {
+                    continue;
+                }
+                let exp = match r.1 {
+                    0 if r.2.len() == 8 => Exported::SameFilled(u64::from_ne_bytes(r.2.try_into().expect("8"))),
+                    1 => Exported::Object(r.2.to_vec()),
+                    _ => return Err(bad()),
+                };
+                if let Err(err) = self.tier.import(st.key(p), &exp) {
+                    // Never zeros in its place: touching it is a SIGBUS.
+                    log::error!("a forked child's page at {:#x} could not be imported: {err}", r.0);
+                    let _ = self.uffd.poison(r.0, PAGE_SIZE as u64);
+                    lost += 1;
+                } else {
+                    imported += 1;
+                }
+            }
+        }
+        self.counters.fork_imported_pages.fetch_add(imported, Ordering::Relaxed);
+        if lost > 0 {
+            log::error!("{lost} pages of a forked child could not be managed");
+        }
+        Ok(())
+    }
+
+    /// Pages of the snapshot that no region takes: expanded by the tier
+    /// (through a scratch key) and copied in place. Returns how many failed.
+    fn put_in_place(&self, recs: &[(u64, u8, &[u8])]) -> Result<u64, PagerError> {
+        const SCRATCH: u64 = u64::MAX - 1;
+        let mut page = vec![0u8; PAGE_SIZE];
+        let mut failed = 0;
+        for &(a, kind, bytes) in recs {
+            let exp = if kind == 0 {
+                Exported::SameFilled(u64::from_ne_bytes(bytes.try_into().map_err(|_| io_err("record", "size"))?))
+            } else {
+                Exported::Object(bytes.to_vec())
+            };
+            let ok = self.tier.import(SCRATCH, &exp).is_ok()
+                && matches!(self.tier.load(SCRATCH, &mut page), Ok(LoadOutcome::Loaded));
+            self.tier.invalidate(SCRATCH);
+            // SAFETY: a page of ours registered with our userfaultfd (the
+            // parent's registration, inherited), not present, which no Rust
+            // reference covers.
+            if !ok || unsafe { self.uffd.copy(a, page.as_ptr(), PAGE_SIZE as u64, false) }.is_err() {
+                let _ = self.uffd.poison(a, PAGE_SIZE as u64);
+                failed += 1;
+            }
+        }
+        Ok(failed)
+    }
+}
