@@ -241,11 +241,19 @@ print("fork ok", mib)
 /// child, each pool worker and the daemon wait (through
 /// `zmem_stats_json`) until theirs has adopted what they inherited before
 /// they check it, and fail if it never does (the parent evicted:
-/// `run_managed` checks).
+/// `run_managed` checks). No fork loads anything back: each child takes
+/// its evicted pages over from its parent (`ZMEM_FORK_EVENT`, the default).
 #[test]
 fn forked_children_pools_and_daemons_see_the_parents_memory() {
     let py = [PY_FORK, PY_BLOCKS, PY_FORK_CHECKS].concat();
-    run_managed("py-fork", "32M", &["python3", "-c", &py, "128"], "fork ok 128", 300);
+    let o = run_managed("py-fork", "32M", &["python3", "-c", &py, "128"], "fork ok 128", 300);
+    let stats = tmpdir("py-fork-stats");
+    let (loads, handed, imported) = (
+        pager_max(&stats, "fork_loads"),
+        pager_max(&stats, "fork_handovers"),
+        pager_max(&stats, "fork_imported_pages"),
+    );
+    assert!(loads == 0 && handed > 0 && imported > 0, "{loads} {handed} {imported}: {}", text(&o));
 }
 
 /// A program that closes every descriptor it did not open (Python's

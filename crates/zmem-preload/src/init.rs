@@ -113,6 +113,9 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     // A child inherits no memory locks (mlockall's MCL_FUTURE included).
     LOCKED_ALL.store(false, Ordering::Relaxed);
+    // SAFETY: this thread is the child's only one. First: the new pager's
+    // handler takes its allocations there.
+    unsafe { crate::heap::fork_child_side_heap() };
     // This thread is the child's only one, and held the guards at fork.
     let _ = guarded(|| {
         crate::heap::fork_unlock();
@@ -132,12 +135,16 @@ extern "C" fn after_fork_in_child() {
                 }
             }
         }
+        // Taken before the parent's pager is abandoned, which closes the
+        // rest of what it kept open.
+        let link = parent.pager.fork_link_in_child();
         // SAFETY: the parent's shim is leaked, and this process never
         // reaches it again (CURRENT no longer points to it).
         unsafe { parent.pager.abandon_in_child() };
-        match start(parent.settings.clone()) {
+        match start(parent.settings.clone(), link) {
             Some(s) => {
                 s.pager.mark_forked();
+                // With a hand-over these are the child's already.
                 for (start, cap) in inherited {
                     if let Err(e) = s.pager.adopt(start as u64, cap) {
                         log::debug!("inherited mapping at {start:#x} not adopted: {e}");
@@ -188,7 +195,7 @@ fn init() -> Option<Shim> {
             return None;
         }
     };
-    let s = start(settings)?;
+    let s = start(settings, None)?;
     // SAFETY: registers plain functions with no arguments. Each runs
     // guarded; the child step starts this process's own pager, with glibc's
     // locks (malloc's included) reset and zmem's released.
@@ -200,11 +207,26 @@ fn init() -> Option<Shim> {
 }
 
 /// A pager under `settings`, and the thread that writes its stats file.
-fn start(settings: Settings) -> Option<Shim> {
+/// In a forked child with the parent's hand-over `link`, the pager takes
+/// this process's userfaultfd and evicted pages over from the parent.
+fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
     let mut cfg = settings.pager_config();
     cfg.thread_init = Some(mark_internal_thread);
+    cfg.handler_init = Some(crate::heap::use_side_heap);
     cfg.keep_on_fork = true;
-    let pager = match Pager::new(cfg.clone()) {
+    let new = |cfg: zmem_uffd::PagerConfig| match link {
+        Some(link) => match Pager::from_parent(cfg.clone(), link) {
+            // Nothing was handed over (the parent had nothing registered, or
+            // let go first and copied the memory in whole): a pager of our own.
+            Err(zmem_uffd::PagerError::Handover(e)) => {
+                log::debug!("fork hand-over: {e}");
+                Pager::new(cfg)
+            }
+            r => r,
+        },
+        None => Pager::new(cfg),
+    };
+    let pager = match new(cfg.clone()) {
         // A tree whose segment is gone (its `zmem run` ended): this process
         // keeps the limit to itself.
         Err(zmem_uffd::PagerError::Tree(e)) => {

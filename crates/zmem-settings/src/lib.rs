@@ -13,6 +13,7 @@
 //! | `ZMEM_THRESHOLD` | `256K` | mappings and allocations this large or larger are managed |
 //! | `ZMEM_ADOPT` | `1` | `0`: manage only what the shim sees mapped (no scan of the address space) |
 //! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
+//! | `ZMEM_FORK_EVENT` | `1` | `0`: load every evicted page back before a fork, rather than hand a forked child its evicted pages |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
@@ -44,6 +45,9 @@ pub struct Settings {
     /// Scan the address space and adopt the program's mappings.
     pub adopt: bool,
     pub stacks: bool,
+    /// A forked child takes its evicted pages over from its parent
+    /// (`UFFD_FEATURE_EVENT_FORK`); off: a fork loads them back first.
+    pub fork_event: bool,
     pub scan_interval: Duration,
     pub folio: usize,
     /// `PagerConfig::fault_around`.
@@ -126,6 +130,7 @@ impl Default for Settings {
             threshold: Settings::DEFAULT_THRESHOLD,
             adopt: true,
             stacks: false,
+            fork_event: true,
             scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,
@@ -165,6 +170,7 @@ impl Settings {
                 "ZMEM_THRESHOLD" => s.threshold = size(v)?,
                 "ZMEM_ADOPT" => s.adopt = parse_bool(k, v)?,
                 "ZMEM_STACKS" => s.stacks = parse_bool(k, v)?,
+                "ZMEM_FORK_EVENT" => s.fork_event = parse_bool(k, v)?,
                 "ZMEM_SCAN_MS" => {
                     let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
                     s.scan_interval = Duration::from_millis(ms.clamp(1, 60_000));
@@ -253,6 +259,7 @@ impl Settings {
             interval: self.scan_interval,
         });
         cfg.tree = self.tree.clone();
+        cfg.fork_event = self.fork_event;
         cfg
     }
 }
