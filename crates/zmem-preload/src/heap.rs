@@ -240,11 +240,10 @@ fn drain(dl: &mut Dlmalloc<Reserve>) {
     while !p.is_null() {
         // SAFETY: each listed block is a live main-heap block, freed by its
         // owner and pushed once; its first word holds the next one.
-        unsafe {
-            let next = p.cast::<*mut u8>().read();
-            dl.c_free(p);
-            p = next;
-        }
+        let next = unsafe { p.cast::<*mut u8>().read() };
+        // SAFETY: as above; freed once, here, under the main lock.
+        unsafe { dl.c_free(p) };
+        p = next;
     }
 }
 
@@ -322,8 +321,8 @@ pub(crate) fn fork_unlock() {
 // The C shapes, for the C library's allocations on zmem's threads.
 
 pub(crate) fn malloc(size: usize) -> *mut c_void {
-    // SAFETY: dlmalloc's malloc under its lock; any size is accepted.
     if on_side() {
+        // SAFETY: dlmalloc's malloc under its lock; any size is accepted.
         return SIDE.with(|d| unsafe { d.c_malloc(size) }).cast();
     }
     // SAFETY: as above.
@@ -340,8 +339,8 @@ pub(crate) fn calloc(total: usize) -> *mut c_void {
 }
 
 pub(crate) fn memalign(align: usize, size: usize) -> *mut c_void {
-    // SAFETY: align is a power of two (checked by callers or by C's contract).
     if on_side() {
+        // SAFETY: align is a power of two (checked by callers or by C's contract).
         return SIDE.with(|d| unsafe { d.c_memalign(align.max(16), size) }).cast();
     }
     // SAFETY: as above.
@@ -351,24 +350,26 @@ pub(crate) fn memalign(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    // SAFETY: the caller's contract; a block is reallocated by its own heap.
-    unsafe {
-        match owner(p) {
-            Owner::Side => SIDE.with(|d| d.c_realloc(p.cast(), size)).cast(),
-            Owner::Abandoned => {
-                // Never freed. Its size is in its dlmalloc chunk header,
-                // the word before it (the size, less the header, with flag
-                // bits in the low three).
-                let q = malloc(size);
-                if !q.is_null() {
-                    let chunk = p.cast::<usize>().sub(1).read() & !7;
-                    let room = chunk.saturating_sub(std::mem::size_of::<usize>());
-                    std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(room));
-                }
-                q
+    match owner(p) {
+        // SAFETY: the caller's contract; a block is reallocated by its own heap.
+        Owner::Side => SIDE.with(|d| unsafe { d.c_realloc(p.cast(), size) }).cast(),
+        Owner::Abandoned => {
+            // Never freed. Its size is in its dlmalloc chunk header, the
+            // word before it (the size, with flag bits in the low three).
+            let q = malloc(size);
+            if !q.is_null() {
+                // SAFETY: the word before a live dlmalloc block is its
+                // chunk header, in the same committed chunk.
+                let chunk = unsafe { p.cast::<usize>().wrapping_sub(1).read() } & !7;
+                let room = chunk.saturating_sub(std::mem::size_of::<usize>());
+                // SAFETY: p has at least `room` bytes, q has `size`; they
+                // are distinct blocks.
+                unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(room)) };
             }
-            _ => main_heap().c_realloc(p.cast(), size).cast(),
+            q
         }
+        // SAFETY: the caller's contract.
+        _ => unsafe { main_heap().c_realloc(p.cast(), size).cast() },
     }
 }
 
@@ -376,6 +377,7 @@ pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn free(p: *mut c_void) {
     match owner(p) {
+        // SAFETY: the caller's contract: a live side-heap block, freed once.
         Owner::Side => SIDE.with(|d| unsafe { d.c_free(p.cast()) }),
         // SAFETY: the caller's contract.
         Owner::Main => unsafe { free_main(p.cast()) },
@@ -392,8 +394,8 @@ pub(crate) struct ZmemHeap;
 // never freed.
 unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: GlobalAlloc's contract: a non-zero size, a power-of-two alignment.
         if on_side() {
+            // SAFETY: GlobalAlloc's contract: a non-zero size, a power-of-two alignment.
             return SIDE.with(|d| unsafe { d.malloc(l.size(), l.align()) });
         }
         // SAFETY: as above.
@@ -401,8 +403,8 @@ unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
     }
 
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: as alloc.
         if on_side() {
+            // SAFETY: as alloc.
             return SIDE.with(|d| unsafe { d.calloc(l.size(), l.align()) });
         }
         // SAFETY: as alloc.
@@ -415,30 +417,23 @@ unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        let same_heap = match owner(p.cast()) {
-            Owner::Side => true,
-            Owner::Main => !on_side(),
-            _ => false,
-        };
-        if same_heap {
+        match owner(p.cast()) {
             // SAFETY: p came from alloc with layout l; new is non-zero.
-            return unsafe {
-                match owner(p.cast()) {
-                    Owner::Side => SIDE.with(|d| d.realloc(p, l.size(), l.align(), new)),
-                    _ => main_heap().realloc(p, l.size(), l.align(), new),
-                }
-            };
+            Owner::Side => return SIDE.with(|d| unsafe { d.realloc(p, l.size(), l.align(), new) }),
+            // SAFETY: as above.
+            Owner::Main if !on_side() => return unsafe { main_heap().realloc(p, l.size(), l.align(), new) },
+            _ => {}
         }
         // A side-heap thread growing a main-heap block (or an abandoned
         // one): moved to its own heap, so it never waits for the main lock.
-        // SAFETY: new is non-zero and l.align() a power of two.
-        let q = unsafe { self.alloc(std::alloc::Layout::from_size_align_unchecked(new, l.align())) };
+        let Ok(layout) = std::alloc::Layout::from_size_align(new, l.align()) else { return std::ptr::null_mut() };
+        // SAFETY: new is non-zero (GlobalAlloc's contract).
+        let q = unsafe { self.alloc(layout) };
         if !q.is_null() {
             // SAFETY: p has l.size() bytes, q has new; distinct blocks.
-            unsafe {
-                std::ptr::copy_nonoverlapping(p, q, l.size().min(new));
-                self.dealloc(p, l);
-            }
+            unsafe { std::ptr::copy_nonoverlapping(p, q, l.size().min(new)) };
+            // SAFETY: p came from alloc with layout l, freed once.
+            unsafe { self.dealloc(p, l) };
         }
         q
     }
