@@ -55,6 +55,10 @@ pub struct Args {
     /// Manage the program's thread stacks too.
     #[arg(long)]
     stacks: bool,
+    /// A fork loads nothing back: the child takes its evicted pages over
+    /// from its parent, and the limit holds across fork (ZMEM_FORK_EVENT=1).
+    #[arg(long)]
+    fork_event: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     cmd: Vec<std::ffi::OsString>,
@@ -164,6 +168,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_READ_AHEAD", args.read_ahead.clone());
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
+    set("ZMEM_FORK_EVENT", args.fork_event.then(|| "1".to_string()));
     // Directories are made absolute here: the program may change its
     // working directory (pyenv's shims do) before its pagers start.
     let cwd = std::env::current_dir().context("the working directory")?;

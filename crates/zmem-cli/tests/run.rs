@@ -241,19 +241,28 @@ print("fork ok", mib)
 /// child, each pool worker and the daemon wait (through
 /// `zmem_stats_json`) until theirs has adopted what they inherited before
 /// they check it, and fail if it never does (the parent evicted:
-/// `run_managed` checks). No fork loads anything back: each child takes
-/// its evicted pages over from its parent (`ZMEM_FORK_EVENT`, the default).
+/// `run_managed` checks). Both ways a fork can go: loading every evicted
+/// page back first (the default), and with `ZMEM_FORK_EVENT=1`, where no
+/// fork loads anything back and each child takes its evicted pages over
+/// from its parent.
 #[test]
 fn forked_children_pools_and_daemons_see_the_parents_memory() {
     let py = [PY_FORK, PY_BLOCKS, PY_FORK_CHECKS].concat();
-    let o = run_managed("py-fork", "32M", &["python3", "-c", &py, "128"], "fork ok 128", 300);
-    let stats = tmpdir("py-fork-stats");
-    let (loads, handed, imported) = (
-        pager_max(&stats, "fork_loads"),
-        pager_max(&stats, "fork_handovers"),
-        pager_max(&stats, "fork_imported_pages"),
-    );
-    assert!(loads == 0 && handed > 0 && imported > 0, "{loads} {handed} {imported}: {}", text(&o));
+    for (name, event) in [("py-fork", "0"), ("py-fork-event", "1")] {
+        let cmd = ["python3", "-c", &py, "128"];
+        let o = run_managed_env(name, "32M", &cmd, &[("ZMEM_FORK_EVENT", event)], "fork ok 128", 300);
+        let stats = tmpdir(&format!("{name}-stats"));
+        let (loads, handed, imported) = (
+            pager_max(&stats, "fork_loads"),
+            pager_max(&stats, "fork_handovers"),
+            pager_max(&stats, "fork_imported_pages"),
+        );
+        if event == "1" {
+            assert!(loads == 0 && handed > 0 && imported > 0, "{loads} {handed} {imported}: {}", text(&o));
+        } else {
+            assert!(loads > 0 && handed == 0, "{loads} {handed}: {}", text(&o));
+        }
+    }
 }
 
 /// A program that closes every descriptor it did not open (Python's
@@ -317,38 +326,48 @@ print("spawned ok", mib)
 #[test]
 fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
     let exe = compile_c("daemon");
-    let (swap, stats, out) = (tmpdir("daemon-swap"), tmpdir("daemon-stats"), tmpdir("daemon").join("result"));
-    let _ = std::fs::remove_file(&out);
-    let o = zmem(
-        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"]
-            .into_iter()
-            .chain([out.to_str().unwrap()])
-            .collect::<Vec<_>>(),
-        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
-        120,
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    let first = o.status;
-    // About 10 s alone; several times that beside the other real-program
-    // tests on two cores.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !out.exists() {
-        assert!(Instant::now() < deadline, "the daemon wrote no result; zmem run exited {first}");
-        std::thread::sleep(Duration::from_millis(100));
+    // Both ways a fork can go; with the FORK event, a first parent that
+    // exits at once took the child's userfaultfd with it (13.7M bad words)
+    // until the parent's fork waited for the hand-over.
+    for (name, event) in [("daemon", "0"), ("daemon-event", "1")] {
+        let (swap, stats) = (tmpdir(&format!("{name}-swap")), tmpdir(&format!("{name}-stats")));
+        let out = tmpdir(name).join("result");
+        let _ = std::fs::remove_file(&out);
+        let o = zmem(
+            &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"]
+                .into_iter()
+                .chain([out.to_str().unwrap()])
+                .collect::<Vec<_>>(),
+            &[
+                ("ZMEM_STATS_DIR", stats.to_str().unwrap()),
+                ("ZMEM_STATS_INTERVAL_MS", "50"),
+                ("ZMEM_FORK_EVENT", event),
+            ],
+            120,
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let first = o.status;
+        // About 10 s alone; several times that beside the other real-program
+        // tests on two cores.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !out.exists() {
+            assert!(Instant::now() < deadline, "the daemon wrote no result; zmem run exited {first}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let result = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(result.trim(), "128 MiB checked twice, 0 bad words", "ZMEM_FORK_EVENT={event}");
+        // The daemon's stats file (the last to be written) shows its own pager
+        // adopted what it inherited and evicted.
+        std::thread::sleep(Duration::from_millis(200));
+        let daemon = std::fs::read_dir(&stats)
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .max_by_key(|v| v["pager"]["load_faults"].as_u64())
+            .unwrap();
+        let p = &daemon["pager"];
+        assert!(p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20), "{daemon}");
     }
-    let result = std::fs::read_to_string(&out).unwrap();
-    assert_eq!(result.trim(), "128 MiB checked twice, 0 bad words");
-    // The daemon's stats file (the last to be written) shows its own pager
-    // adopted what it inherited and evicted.
-    std::thread::sleep(Duration::from_millis(200));
-    let daemon = std::fs::read_dir(&stats)
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .max_by_key(|v| v["pager"]["load_faults"].as_u64())
-        .unwrap();
-    let p = &daemon["pager"];
-    assert!(p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20), "{daemon}");
 }
 
 /// glibc grows a chunk it mmapped with mremap(MAYMOVE), a raw syscall no

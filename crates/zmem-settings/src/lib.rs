@@ -13,7 +13,7 @@
 //! | `ZMEM_THRESHOLD` | `256K` | mappings and allocations this large or larger are managed |
 //! | `ZMEM_ADOPT` | `1` | `0`: manage only what the shim sees mapped (no scan of the address space) |
 //! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
-//! | `ZMEM_FORK_EVENT` | `1` | `0`: load every evicted page back before a fork, rather than hand a forked child its evicted pages |
+//! | `ZMEM_FORK_EVENT` | `0` | `1`: a fork loads nothing back; the child takes its evicted pages over from its parent (the limit holds across fork, but a fork costs a copy of the evicted set) |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
@@ -46,7 +46,8 @@ pub struct Settings {
     pub adopt: bool,
     pub stacks: bool,
     /// A forked child takes its evicted pages over from its parent
-    /// (`UFFD_FEATURE_EVENT_FORK`); off: a fork loads them back first.
+    /// (`UFFD_FEATURE_EVENT_FORK`); off (the default): a fork loads them
+    /// back first.
     pub fork_event: bool,
     pub scan_interval: Duration,
     pub folio: usize,
@@ -130,7 +131,7 @@ impl Default for Settings {
             threshold: Settings::DEFAULT_THRESHOLD,
             adopt: true,
             stacks: false,
-            fork_event: true,
+            fork_event: false,
             scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,

@@ -792,6 +792,12 @@ fn exported_pages_import_into_another_tier_bit_for_bit() {
         from.store(k, &want[k as usize]).unwrap();
     }
     assert!(from.export(n + 7).unwrap().is_none(), "no entry, nothing to export");
+    // In one call, written-back objects read together: the same as one by one.
+    let keys: Vec<u64> = (0..n).chain([n + 7]).collect();
+    let many = from.export_many(&keys);
+    for (&k, e) in keys.iter().zip(&many) {
+        assert_eq!(e.as_ref().unwrap(), &from.export(k).unwrap(), "key {k}");
+    }
     let to = Tier::new(cfg(64 << 20, false)).unwrap();
     to.set_compressor(from.compressor().parse().unwrap()).unwrap();
     let (mut copied, mut raw) = (0, 0);

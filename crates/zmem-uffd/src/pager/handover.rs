@@ -65,6 +65,9 @@ use crate::sys::{Event, Features, Uffd, UffdError};
 /// before it copies the memory into it and lets go.
 pub(super) const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Pages exported per call (`Tier::export_many`).
+const EXPORT_BATCH: usize = 1024;
+
 const MAGIC: u64 = 0x6b72_6f66_6d65_6d7a; // "zmemfork"
 const VERSION: u32 = 1;
 const REQUEST: &[u8] = b"give";
@@ -105,13 +108,6 @@ impl Snapshot {
         // lives as long as self.
         unsafe { std::slice::from_raw_parts(self.map.addr() as *const u8, self.len) }
     }
-}
-
-/// One page the child may lack, as the parent has it.
-enum Page {
-    Entry(Exported),
-    /// A rejected folio's page, held uncompressed.
-    Raw(Vec<u8>),
 }
 
 /// What a child did to its memory while the parent served it (in the
@@ -346,10 +342,11 @@ impl Inner {
         match outcome {
             Outcome::HandOver => {
                 let link = link.as_ref().expect("asked over the link");
+                let t = Instant::now();
                 match self.hand_over(&child, link, &edits) {
                     Ok(pages) => {
                         self.counters.fork_handovers.fetch_add(1, Ordering::Relaxed);
-                        log::debug!("handed a forked child its memory: {pages} pages");
+                        log::debug!("handed a forked child its memory: {pages} pages in {:?}", t.elapsed());
                     }
                     Err(e) => {
                         log::warn!("handing a forked child its memory failed ({e}): copying it in whole");
@@ -372,58 +369,45 @@ impl Inner {
     }
 
     /// Fills `page` with the page the child lacks at its address `a`, as
-    /// it was at fork; false if it has no entry (it reads as zeros).
-    fn child_page(&self, edits: &ChildEdits, a: u64, page: &mut [u8]) -> bool {
-        let Some(pa) = edits.to_parent(a) else { return false };
-        let Some(st) = self.region_at(pa) else { return false };
+    /// it was at fork: as [`page_of`](Self::page_of).
+    fn child_page(&self, edits: &ChildEdits, a: u64, page: &mut [u8]) -> Option<bool> {
+        let pa = edits.to_parent(a)?;
+        let st = self.region_at(pa)?;
         let base = st.start.load(Ordering::Acquire);
         let p = ((pa - base) / PAGE_SIZE as u64) as usize;
         let f = p / (self.cfg.folio_size / PAGE_SIZE);
         let (lock, _) = self.stripe(&st, f);
         let _g = lock.lock_ok();
-        self.page_of(&st, f, p, Some(page)).is_some()
+        self.page_of(&st, f, p, page)
     }
 
-    /// Page `p` (folio `f`) of `st` as the child may lack it: for an
-    /// Evicted folio or a page left in the tier. With `expand`, the page is
-    /// expanded there and `Some(None)` returned. The caller holds the
+    /// Expands page `p` (folio `f`) of `st` into `dst` (one page) if the
+    /// child may lack it (its folio is Evicted, or it was left in the tier):
+    /// `Some(true)`; `Some(false)` if it failed to load; `None` if the child
+    /// has it, or it has no entry (it reads as zeros). The caller holds the
     /// folio's stripe lock.
-    fn page_of(&self, st: &RegionState, f: usize, p: usize, expand: Option<&mut [u8]>) -> Option<Option<Page>> {
+    fn page_of(&self, st: &RegionState, f: usize, p: usize, dst: &mut [u8]) -> Option<bool> {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let i = p - f * ppf;
         let in_tier = match st.folio(f) {
             Folio::Evicted => true,
-            Folio::Resident => st.swapped[f].load(Ordering::Relaxed) >> i & 1 != 0,
+            Folio::Resident => i < 64 && st.swapped[f].load(Ordering::Relaxed) >> i & 1 != 0,
             _ => false,
         };
         if !in_tier {
             return None;
         }
-        if let Some(dst) = expand {
-            return match self.tier.load_many(st.key(p), dst).pop() {
-                Some(Ok(LoadOutcome::Loaded)) => Some(None),
-                Some(Err(e)) => {
-                    log::error!("a forked child's page failed to load: {e}");
-                    None
-                }
-                _ => {
-                    let held = self.held.lock_ok();
-                    let h = held.get(&(st.id, f)).filter(|h| h.present[i])?;
-                    dst.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
-                    Some(None)
-                }
-            };
-        }
-        match self.tier.export(st.key(p)) {
-            Ok(Some(e)) => Some(Some(Page::Entry(e))),
-            Ok(None) => {
+        match self.tier.load_many(st.key(p), dst).pop() {
+            Some(Ok(LoadOutcome::Loaded)) => Some(true),
+            Some(Err(e)) => {
+                log::error!("a forked child's page failed to load: {e}");
+                Some(false)
+            }
+            _ => {
                 let held = self.held.lock_ok();
                 let h = held.get(&(st.id, f)).filter(|h| h.present[i])?;
-                Some(Some(Page::Raw(h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].to_vec())))
-            }
-            Err(e) => {
-                log::error!("a forked child's page failed to export: {e}");
-                None
+                dst.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+                Some(true)
             }
         }
     }
@@ -432,8 +416,14 @@ impl Inner {
     /// again after reading its events (EAGAIN).
     fn serve_child_fault(&self, child: &Uffd, edits: &ChildEdits, a: u64, bounce: &mut [u8]) -> bool {
         let page = &mut bounce[..PAGE_SIZE];
-        if !self.child_page(edits, a, page) {
-            page.fill(0);
+        match self.child_page(edits, a, page) {
+            Some(true) => {}
+            Some(false) => {
+                // Never zeros in its place: touching it is a SIGBUS.
+                let _ = child.poison(a, PAGE_SIZE as u64);
+                return true;
+            }
+            None => page.fill(0),
         }
         // SAFETY: `a` is a page of the child's address space registered
         // with `child`; the kernel copies from our `page` into it.
@@ -451,33 +441,40 @@ impl Inner {
         }
     }
 
-    /// Calls `each(child address, st, folio, page)` for every page the
-    /// child may lack, region by region, folio by folio, each under its
-    /// stripe lock.
-    fn for_each_child_page(
+    /// Calls `each(st, folio, pages)` for every folio with pages the child
+    /// may lack (`pages`: each one's page number in the region and the
+    /// child's address, in order), region by region, each under its stripe
+    /// lock.
+    fn for_each_child_folio(
         &self,
         edits: &ChildEdits,
-        mut each: impl FnMut(u64, &Arc<RegionState>, usize, usize) -> Result<(), PagerError>,
+        mut each: impl FnMut(&Arc<RegionState>, usize, &[(usize, u64)]) -> Result<(), PagerError>,
     ) -> Result<(), PagerError> {
         let regions: Vec<_> = self.regions.read_ok().values().cloned().collect();
         let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let mut pages = Vec::with_capacity(ppf);
         for st in regions {
             let base = st.start.load(Ordering::Acquire);
             for f in 0..st.state.len() {
                 let (lock, _) = self.stripe(&st, f);
                 let _g = lock.lock_ok();
-                let in_tier = st.folio(f) == Folio::Evicted || st.swapped[f].load(Ordering::Relaxed) != 0;
-                if !in_tier {
+                let evicted = st.folio(f) == Folio::Evicted;
+                let swapped = st.swapped[f].load(Ordering::Relaxed);
+                if !evicted && swapped == 0 {
                     continue;
                 }
-                for p in self.folio_pages(&st, f).collect::<Vec<_>>() {
+                pages.clear();
+                for p in self.folio_pages(&st, f) {
                     let i = p - f * ppf;
-                    if st.folio(f) != Folio::Evicted && st.swapped[f].load(Ordering::Relaxed) >> i & 1 == 0 {
+                    if !evicted && (i >= 64 || swapped >> i & 1 == 0) {
                         continue;
                     }
                     if let Some(ca) = edits.to_child(base + (p * PAGE_SIZE) as u64) {
-                        each(ca, &st, f, p)?;
+                        pages.push((p, ca));
                     }
+                }
+                if !pages.is_empty() {
+                    each(&st, f, &pages)?;
                 }
             }
         }
@@ -513,19 +510,51 @@ impl Inner {
             w(&mut out, &a.to_ne_bytes())?;
             w(&mut out, &b.to_ne_bytes())?;
         }
+        // Pages to export, in batches: their written-back objects are read
+        // together (one preadv per run of neighbouring slots). (key, child
+        // address, the held page of a rejected folio if it has one.)
+        let mut batch: Vec<(u64, u64, Option<Vec<u8>>)> = Vec::with_capacity(EXPORT_BATCH);
         let mut pages = 0;
-        self.for_each_child_page(edits, |ca, st, f, p| {
-            let (kind, bytes) = match self.page_of(st, f, p, None) {
-                Some(Some(Page::Entry(Exported::SameFilled(v)))) => (0u8, v.to_ne_bytes().to_vec()),
-                Some(Some(Page::Entry(Exported::Object(b)) | Page::Raw(b))) => (1u8, b),
-                _ => return Ok(()),
-            };
-            w(&mut out, &ca.to_ne_bytes())?;
-            w(&mut out, &[kind])?;
-            w(&mut out, &(bytes.len() as u16).to_ne_bytes())?;
-            pages += 1;
-            w(&mut out, &bytes)
+        let mut flush = |batch: &mut Vec<(u64, u64, Option<Vec<u8>>)>, out: &mut std::io::BufWriter<std::fs::File>| {
+            let keys: Vec<u64> = batch.iter().map(|b| b.0).collect();
+            let exported = self.tier.export_many(&keys);
+            for ((_, ca, held), e) in batch.drain(..).zip(exported) {
+                let (kind, bytes) = match (e, held) {
+                    (Ok(Some(Exported::SameFilled(v))), _) => (0u8, v.to_ne_bytes().to_vec()),
+                    (Ok(Some(Exported::Object(b))), _) => (1u8, b),
+                    // A rejected folio's page, held uncompressed.
+                    (Ok(None), Some(h)) => (1u8, h),
+                    (Ok(None), None) => continue,
+                    (Err(e), _) => {
+                        // As a load that fails: the child's page is poisoned.
+                        log::error!("a forked child's page at {ca:#x} failed to export: {e}");
+                        (2u8, Vec::new())
+                    }
+                };
+                w(out, &ca.to_ne_bytes())?;
+                w(out, &[kind])?;
+                w(out, &(bytes.len() as u16).to_ne_bytes())?;
+                pages += 1;
+                w(out, &bytes)?;
+            }
+            Ok::<(), PagerError>(())
+        };
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        self.for_each_child_folio(edits, |st, f, want| {
+            let held = self.held.lock_ok();
+            let h = held.get(&(st.id, f));
+            for &(p, ca) in want {
+                let i = p - f * ppf;
+                let raw = h.filter(|h| h.present[i]).map(|h| h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].to_vec());
+                batch.push((st.key(p), ca, raw));
+            }
+            drop(held);
+            if batch.len() >= EXPORT_BATCH {
+                flush(&mut batch, &mut out)?;
+            }
+            Ok(())
         })?;
+        flush(&mut batch, &mut out)?;
         let file = out.into_inner().map_err(|e| io_err("writing the snapshot", e.error()))?;
         let len = rustix::fs::fstat(&file).map_err(|e| io_err("fstat", e))?.st_size as u64;
         let memfd = OwnedFd::from(file);
@@ -546,23 +575,33 @@ impl Inner {
     /// its userfaultfd is let go (by the caller), and its memory is whole.
     fn push_to_child(&self, child: &Uffd, edits: &ChildEdits, bounce: &mut [u8]) {
         let mut pushed = 0u64;
-        let _ = self.for_each_child_page(edits, |ca, st, f, p| {
-            let page = &mut bounce[..PAGE_SIZE];
-            if self.page_of(st, f, p, Some(&mut *page)).is_none() {
-                return Ok(());
-            }
-            for _ in 0..100 {
-                // SAFETY: as in `serve_child_fault`.
-                match unsafe { child.copy(ca, page.as_ptr(), PAGE_SIZE as u64, false) } {
-                    Err(UffdError::Again { .. }) => {
-                        // An event of the child's is unread: read and drop it
-                        // (the child is not ours to manage after this).
-                        let _ = child.read_events(64);
+        let _ = self.for_each_child_folio(edits, |st, f, want| {
+            for &(p, ca) in want {
+                let page = &mut bounce[..PAGE_SIZE];
+                match self.page_of(st, f, p, page) {
+                    Some(true) => {}
+                    // It failed to load: poisoned (the marker stays once the
+                    // child's userfaultfd is closed), never zeros.
+                    Some(false) => {
+                        let _ = child.poison(ca, PAGE_SIZE as u64);
+                        continue;
                     }
-                    _ => break,
+                    // No entry: it reads as zeros, as it did at fork.
+                    None => continue,
                 }
+                for _ in 0..100 {
+                    // SAFETY: as in `serve_child_fault`.
+                    match unsafe { child.copy(ca, page.as_ptr(), PAGE_SIZE as u64, false) } {
+                        Err(UffdError::Again { .. }) => {
+                            // An event of the child's is unread: read and drop
+                            // it (the child is not ours to manage after this).
+                            let _ = child.read_events(64);
+                        }
+                        _ => break,
+                    }
+                }
+                pushed += 1;
             }
-            pushed += 1;
             Ok(())
         });
         log::debug!("copied {pushed} pages into a forked child");
@@ -580,6 +619,7 @@ impl Inner {
     /// regions of the snapshot and imports the entries of the pages this
     /// process does not have.
     pub(super) fn import_fork(&self, snap: &Snapshot) -> Result<(), PagerError> {
+        let t = Instant::now();
         let b = snap.bytes();
         let bad = || PagerError::Handover("the parent's snapshot is malformed".into());
         let at = std::cell::Cell::new(0usize);
@@ -643,6 +683,12 @@ impl Inner {
                 let exp = match r.1 {
                     0 if r.2.len() == 8 => Exported::SameFilled(u64::from_ne_bytes(r.2.try_into().expect("8"))),
                     1 => Exported::Object(r.2.to_vec()),
+                    2 => {
+                        // The parent could not read it: never zeros.
+                        let _ = self.uffd.poison(r.0, PAGE_SIZE as u64);
+                        lost += 1;
+                        continue;
+                    }
                     _ => return Err(bad()),
                 };
                 if let Err(err) = self.tier.import(st.key(p), &exp) {
@@ -656,6 +702,7 @@ impl Inner {
             }
         }
         self.counters.fork_imported_pages.fetch_add(imported, Ordering::Relaxed);
+        log::debug!("a forked child imported {imported} pages in {:?}", t.elapsed());
         if lost > 0 {
             log::error!("{lost} pages of a forked child could not be managed");
         }
