@@ -101,6 +101,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "fork_child_faults": p.fork_child_faults,
             "fork_imported_pages": p.fork_imported_pages,
             "readahead_folios": p.readahead_folios,
+            "walk_evictions": p.walk_evictions,
             "partial_load_faults": p.partial_load_faults,
             "swapped_page_faults": p.swapped_page_faults,
             "fenced_pages": p.fenced_pages,

@@ -58,20 +58,23 @@ impl Tier {
                 if !e.in_pool() {
                     continue;
                 }
+                if e.referenced {
+                    // Second chance, as shrink_memcg_cb gives. A clean copy
+                    // gets one too: it was kept by a load just now, and a
+                    // walk's pages are evicted again soon (the pager's once
+                    // list), into this entry if it is still here.
+                    if let Some(mut m) = shard.get_mut(key) {
+                        m.referenced = false;
+                    }
+                    second = true;
+                    continue;
+                }
                 if e.cached {
                     // A clean copy of a page that is mapped: free, not
                     // written (the page is stored again when evicted).
                     self.free_in(&mut shard, key, &mut dropped);
                     inc(&self.counters.cached_dropped, 1);
                     pass.dropped += 1;
-                    continue;
-                }
-                if e.referenced {
-                    // Second chance, as shrink_memcg_cb gives.
-                    if let Some(mut m) = shard.get_mut(key) {
-                        m.referenced = false;
-                    }
-                    second = true;
                     continue;
                 }
                 if victims.len() == max {

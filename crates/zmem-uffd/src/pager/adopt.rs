@@ -46,7 +46,7 @@ use std::time::Duration;
 use zmem_common::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
 
-use super::fault::Served;
+use super::fault::{Load, Served};
 use super::region::{Within, FOLIO_TABLE_BYTES};
 use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
@@ -459,7 +459,7 @@ impl Inner {
                     }
                     _ => break,
                 };
-                let r = self.load_pages(st, f, want, bounce, false);
+                let r = self.load_pages(st, f, want, bounce, Load::Back);
                 drop(g);
                 if r != Served::Again {
                     if fork {

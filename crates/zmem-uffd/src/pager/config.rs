@@ -146,6 +146,13 @@ impl PagerConfig {
         self.read_ahead / self.folio_size.max(1)
     }
 
+    /// The newest folios of the once list that reclaim leaves alone: the
+    /// window a walk loaded ahead and the folio it is reading, for two
+    /// walks per handler (a copy from one buffer to another).
+    pub(super) fn keep_once_folios(&self) -> usize {
+        2 * (self.read_ahead_folios() + 1) * self.handler_threads.max(1)
+    }
+
     /// A pager under `limit` bytes, with the defaults of
     /// `zmem_common::defaults`. Its tier's pool may take `MAX_POOL_PERCENT`
     /// of the limit, and writes back to a swap file in the temporary

@@ -228,6 +228,18 @@ impl ReadAhead {
     }
 }
 
+/// Why `Inner::load_pages` loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    /// A fault that no walk explains: clean entries are kept.
+    Fault,
+    /// A fault that continues a walk of loads, or a folio read ahead of
+    /// one: clean entries are kept, and the folio goes on the once list.
+    Walk,
+    /// Memory taken back for good (a fork's load-back): entries go.
+    Back,
+}
+
 /// What became of a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Served {
@@ -429,15 +441,14 @@ impl Inner {
                 // A fault that continues a stream loads the whole folio (and
                 // reads ahead); any other, only the block around its page.
                 let page = ((addr - folio_addr) / PAGE_SIZE as u64) as usize;
+                let walk = ra.continues(&At::of(&st, f, addr, fs as usize));
                 let want = self
                     .cfg
                     .fault_around_pages()
-                    .filter(|_| {
-                        !ra.continues(&At::of(&st, f, addr, fs as usize))
-                            && !self.held.lock_ok().contains_key(&(st.id, f))
-                    })
+                    .filter(|_| !walk && !self.held.lock_ok().contains_key(&(st.id, f)))
                     .map(|w| block_around(page, w));
-                if self.load_pages(&st, f, want, bounce, true) == Served::Again {
+                let why = if walk { Load::Walk } else { Load::Fault };
+                if self.load_pages(&st, f, want, bounce, why) == Served::Again {
                     return Served::Again;
                 }
                 inc(&self.counters.load_faults);
@@ -453,7 +464,7 @@ impl Inner {
                 // A page a partial load left in the tier.
                 let i = (addr - folio_addr) as usize / PAGE_SIZE;
                 let want = self.swapped_around(st.swapped[f].load(Ordering::Relaxed), i);
-                if self.load_pages(&st, f, Some(want), bounce, true) == Served::Again {
+                if self.load_pages(&st, f, Some(want), bounce, Load::Fault) == Served::Again {
                     return Served::Again;
                 }
                 if !self.tracking {
@@ -550,18 +561,19 @@ impl Inner {
     /// poisoned. On `Again` nothing is lost: the entries stay in the tier
     /// until a COPY succeeds.
     ///
-    /// With `keep`, pages that loaded keep their pool entries as clean
-    /// copies (`Tier::retain_clean`): evicted again unchanged, they are
-    /// stored without compressing (as the kernel drops a clean swap-cache
-    /// page without writing it).
+    /// For a fault (`Load::Fault`, `Load::Walk`), pages that loaded keep
+    /// their pool entries as clean copies (`Tier::retain_clean`): evicted
+    /// again unchanged, they are stored without compressing (as the kernel
+    /// drops a clean swap-cache page without writing it).
     pub(super) fn load_pages(
         &self,
         st: &Arc<RegionState>,
         f: usize,
         want: Option<u64>,
         bounce: &mut [u8],
-        keep: bool,
+        why: Load,
     ) -> Served {
+        let keep = why != Load::Back;
         let ppf = bounce.len() / PAGE_SIZE;
         let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
         let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
@@ -603,9 +615,9 @@ impl Inner {
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
         let evicted = st.folio(f) == Folio::Evicted;
         match want {
-            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce),
+            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce, why == Load::Walk),
             None => self.invalidate_folio(st, f),
-            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce),
+            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce, why == Load::Walk),
             Some(m) => {
                 for p in self.folio_pages(st, f).filter(|p| m >> (p - f * ppf) & 1 != 0) {
                     self.tier.invalidate(st.key(p));
@@ -616,7 +628,7 @@ impl Inner {
             st.poisoned[f].store(true, Ordering::Relaxed);
         }
         if evicted {
-            self.became_resident(st, f);
+            self.became_resident_on(st, f, why == Load::Walk);
             if let Some(m) = want {
                 // What was not loaded stays in the tier: the pages whose
                 // entries are this region's (not its holes).
@@ -708,7 +720,7 @@ impl Inner {
             let (lock, _) = self.stripe(st, g);
             let Ok(guard) = lock.try_lock() else { break };
             if st.folio(g) == Folio::Evicted {
-                if self.load_pages(st, g, None, bounce, true) == Served::Again {
+                if self.load_pages(st, g, None, bounce, Load::Walk) == Served::Again {
                     break;
                 }
                 inc(&self.counters.readahead_folios);
@@ -867,13 +879,19 @@ impl Inner {
     }
 
     pub(super) fn became_resident(&self, st: &Arc<RegionState>, f: usize) {
+        self.became_resident_on(st, f, false);
+    }
+
+    /// [`Inner::became_resident`], onto the once list with `once` (see
+    /// `Lru::once`).
+    fn became_resident_on(&self, st: &Arc<RegionState>, f: usize, once: bool) {
         st.set_folio(f, Folio::Resident);
         // With write tracking, loaded pages are mapped write-protected and
         // a write after the fault is what counts; without it, the fault
         // itself is the only access CLOCK can see.
         st.referenced[f].store(!self.tracking, Ordering::Relaxed);
         self.resident.fetch_add(1, Ordering::Relaxed);
-        self.lru_add(st, f);
+        self.lru_add_to(st, f, once);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The reclaim lists: active and inactive, as vmscan keeps them for anon
-//! pages, plus the unevictable folios.
+//! pages, the folios a stream of loads went past, plus the unevictable
+//! folios.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -19,6 +20,17 @@ use crate::sys::UffdError;
 pub(super) struct Lru<T> {
     pub(super) active: VecDeque<T>,
     pub(super) inactive: VecDeque<T>,
+    /// Folios a sequential walk loaded back (`Inner::became_resident_once`),
+    /// in load order: they go first, once the walk is past them. A walk
+    /// over more than the limit (a second pass over a buffer, a scan, a
+    /// copy) reads each page once; under LRU it would push out the pages it
+    /// reads next, which were written and must be compressed to go, and
+    /// load every one of them back (usemem's read phase: 232k loads and
+    /// 91k stores per worker, against 191k and none this way). These go
+    /// for free: a load keeps their entries (`Tier::retain_clean`).
+    pub(super) once: VecDeque<T>,
+    /// Victims taken from `once` so far.
+    pub(super) once_victims: u64,
     /// Folios whose pages would not move (mlocked): not looked at until
     /// `UNEVICTABLE_RESCAN` has passed.
     pub(super) unevictable: Vec<T>,
@@ -31,7 +43,14 @@ pub(super) struct Lru<T> {
 
 impl<T> Default for Lru<T> {
     fn default() -> Self {
-        Lru { active: VecDeque::new(), inactive: VecDeque::new(), unevictable: Vec::new(), shared: Vec::new() }
+        Lru {
+            active: VecDeque::new(),
+            inactive: VecDeque::new(),
+            once: VecDeque::new(),
+            once_victims: 0,
+            unevictable: Vec::new(),
+            shared: Vec::new(),
+        }
     }
 }
 
@@ -53,12 +72,16 @@ pub(super) const SHARED_RESCAN: Duration = Duration::from_millis(500);
 impl<T> Lru<T> {
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.active.len() + self.inactive.len() + self.unevictable.len() + self.shared.len()
+        self.active.len() + self.inactive.len() + self.once.len() + self.unevictable.len() + self.shared.len()
     }
 
     /// Takes up to `batch` victims off the lists. `look` says what became
     /// of an item (and clears its accessed state); `left` is called for
     /// every item that leaves the lists, victim or gone.
+    /// - The once list's head, while it holds more than `keep_once` (the
+    ///   newest, loaded ahead of the walks and maybe not read yet): accessed
+    ///   goes to the active tail, cold is a victim. With `walk_only`, while
+    ///   the once list has any folio, it stops there, short or empty.
     /// - Inactive head: accessed goes to the active tail, cold is a victim.
     /// - Active head (while inactive is under a third of all): accessed goes
     ///   round again, cold goes down to the inactive tail.
@@ -71,11 +94,28 @@ impl<T> Lru<T> {
     pub(super) fn isolate(
         &mut self,
         batch: usize,
+        keep_once: usize,
+        walk_only: bool,
         mut look: impl FnMut(&T) -> Look,
         live: impl Fn(&T) -> bool,
         mut left: impl FnMut(&T),
     ) -> Vec<T> {
         let mut out = Vec::new();
+        while out.len() < batch && self.once.len() > keep_once {
+            let item = self.once.pop_front().expect("longer than keep_once");
+            match look(&item) {
+                Look::Accessed => self.active.push_back(item),
+                Look::Gone => left(&item),
+                Look::Cold => {
+                    left(&item);
+                    out.push(item);
+                    self.once_victims += 1;
+                }
+            }
+        }
+        if walk_only && !self.once.is_empty() {
+            return out;
+        }
         let mut budget = ((self.active.len() + self.inactive.len()) * 2).min(16 * batch);
         while out.len() < batch && budget > 0 {
             budget -= 1;
@@ -94,7 +134,8 @@ impl<T> Lru<T> {
             }
         }
         while out.len() < batch {
-            let Some(item) = self.inactive.pop_front().or_else(|| self.active.pop_front()) else { break };
+            let next = self.inactive.pop_front().or_else(|| self.active.pop_front());
+            let Some(item) = next.or_else(|| self.once.pop_front()) else { break };
             left(&item);
             if live(&item) {
                 out.push(item);
@@ -106,10 +147,19 @@ impl<T> Lru<T> {
 
 impl Inner {
     pub(super) fn lru_add(&self, st: &Arc<RegionState>, f: usize) {
+        self.lru_add_to(st, f, false);
+    }
+
+    /// Puts folio `f` on the inactive list, or with `once` on the once
+    /// list; a folio already on a list stays where it is.
+    pub(super) fn lru_add_to(&self, st: &Arc<RegionState>, f: usize, once: bool) {
         if st.queued[f].swap(true, Ordering::AcqRel) {
             return;
         }
-        self.lru.lock_ok().inactive.push_back((Arc::clone(st), f));
+        let mut lru = self.lru.lock_ok();
+        let list = if once { &mut lru.once } else { &mut lru.inactive };
+        list.push_back((Arc::clone(st), f));
+        drop(lru);
         self.lru_len.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -137,7 +187,15 @@ impl Inner {
     /// is accessed if it was faulted in or (with write tracking) written
     /// since it was last looked at; looking clears both (written pages are
     /// protected again).
-    pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
+    ///
+    /// With `walk_only`, only folios a walk went past are taken, if there
+    /// are any on the once list (see [`Lru::isolate`]); the second value
+    /// says the list had some, but none to take.
+    pub(super) fn isolate_folios(
+        &self,
+        mut tracker: Option<&mut WriteTracker>,
+        walk_only: bool,
+    ) -> (Vec<(Arc<RegionState>, usize)>, bool) {
         let live = |(st, f): &(Arc<RegionState>, usize)| {
             st.folio(*f) == Folio::Resident
                 && !st.poisoned[*f].load(Ordering::Relaxed)
@@ -166,7 +224,13 @@ impl Inner {
             self.lru_len.fetch_sub(1, Ordering::Relaxed);
             st.queued[*f].store(false, Ordering::Release);
         };
-        let victims = self.lru.lock_ok().isolate(self.cfg.batch_folios(), look, live, left);
+        let keep_once = self.cfg.keep_once_folios();
+        let mut lru = self.lru.lock_ok();
+        let before = lru.once_victims;
+        let victims = lru.isolate(self.cfg.batch_folios(), keep_once, walk_only, look, live, left);
+        let short = walk_only && victims.is_empty() && !lru.once.is_empty();
+        self.counters.walk_evictions.fetch_add(lru.once_victims - before, Ordering::Relaxed);
+        drop(lru);
         for (st, f) in dirtied {
             // Only cached entries go: a store under the same key (an
             // eviction since) is never touched.
@@ -174,7 +238,7 @@ impl Inner {
                 self.tier.drop_cached(st.key(p));
             }
         }
-        victims
+        (victims, short)
     }
 }
 
@@ -193,7 +257,7 @@ mod tests {
     fn cold_inactive_folios_go_first_in_order() {
         let mut l = lru(10);
         let mut left = Vec::new();
-        let v = l.isolate(4, |_| Look::Cold, |_| true, |x| left.push(*x));
+        let v = l.isolate(4, 0, false, |_| Look::Cold, |_| true, |x| left.push(*x));
         assert_eq!(v, [0, 1, 2, 3]);
         assert_eq!(left, v);
         assert_eq!(l.len(), 6);
@@ -204,16 +268,36 @@ mod tests {
         let mut l = lru(8);
         let hot: HashSet<u32> = [1, 3].into();
         // First pass: 1 and 3 go active; the cold ones are victims.
-        let v = l.isolate(4, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+        let v = l.isolate(4, 0, false, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [0, 2, 4, 5]);
         assert_eq!(l.active, [1, 3]);
         // Hot folios stay while they are accessed, however many passes.
         for _ in 0..5 {
-            let v = l.isolate(1, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+            let v =
+                l.isolate(1, 0, false, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
             assert!(v.iter().all(|x| !hot.contains(x)), "{v:?}");
             l.inactive.push_back(100);
         }
         assert!(l.active.contains(&1) && l.active.contains(&3));
+    }
+
+    #[test]
+    fn a_walks_folios_go_first_less_the_newest_and_accessed_ones_are_promoted() {
+        let mut l = lru(4);
+        l.once.extend(10..20);
+        // The 3 newest stay (loaded ahead, maybe not read yet); 12 was
+        // written since its load, so it goes active, not out.
+        let v = l.isolate(5, 3, false, |x| if *x == 12 { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+        assert_eq!(v, [10, 11, 13, 14, 15]);
+        assert_eq!(l.once_victims, 5);
+        assert_eq!(l.active, [12]);
+        // Past the kept ones, the other lists give the rest.
+        let v = l.isolate(4, 3, false, |_| Look::Cold, |_| true, |_| {});
+        assert_eq!(v, [16, 0, 1, 2]);
+        assert_eq!(l.once, [17, 18, 19]);
+        // With nothing else left, the kept ones go too.
+        let v = l.isolate(8, 3, false, |_| Look::Cold, |_| true, |_| {});
+        assert_eq!(v, [3, 12, 17, 18, 19]);
     }
 
     #[test]
@@ -223,7 +307,7 @@ mod tests {
         l.inactive.push_back(1);
         // Inactive is under a third: the active heads are looked at first,
         // and cold ones go down to the inactive tail rather than out.
-        let v = l.isolate(1, |_| Look::Cold, |_| true, |_| {});
+        let v = l.isolate(1, 0, false, |_| Look::Cold, |_| true, |_| {});
         assert_eq!(v, [1]);
         assert_eq!(l.inactive, [7]);
         assert_eq!(l.active, [8, 9]);
@@ -238,6 +322,8 @@ mod tests {
         // are taken as they come (only `live` is asked).
         let v = l.isolate(
             2,
+            0,
+            false,
             |_| {
                 looks += 1;
                 Look::Accessed
@@ -249,7 +335,7 @@ mod tests {
         assert_eq!(v.len(), 2);
         assert!(v.iter().all(|x| x % 2 == 1));
         let mut l = lru(5);
-        let v = l.isolate(3, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
+        let v = l.isolate(3, 0, false, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [2, 3, 4]);
         assert_eq!(l.len(), 0);
     }

@@ -10,7 +10,7 @@
 //! | `region.rs` | regions and their folio tables; `Pager::map`; unmapping |
 //! | `fault.rs` | the handler loop: read events and faults, serve faults (zero-fill, load, poison) |
 //! | `events.rs` | REMOVE/UNMAP (`drop_range`) and REMAP |
-//! | `lru.rs` | the active, inactive and unevictable lists; `isolate_folios` |
+//! | `lru.rs` | the active, inactive, once and unevictable lists; `isolate_folios` |
 //! | `reclaim.rs` | the reclaim thread: isolate, MOVE out, store, finish or hold |
 //! | `accounting.rs` | usage, watermarks, the fault throttle |
 //! | `stats.rs`, `config.rs` | counters; settings and errors |
@@ -276,6 +276,9 @@ struct Held {
 /// What one eviction pass did.
 #[derive(Debug, Default, Clone, Copy)]
 struct Pass {
+    /// A pass that took only a walk's folios (`walk_only`) and found none
+    /// past those reclaim leaves alone: the walk is about to give more.
+    walk_short: bool,
     evicted: usize,
     /// Set aside as shared with another process (uncharged): progress too.
     parked: usize,
@@ -547,13 +550,16 @@ impl Inner {
     /// were mapped again from `pages`, the folio's bytes: their pool entries
     /// stay as clean copies (`Tier::retain_clean`), their other entries go.
     /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
-    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8]) {
+    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], walk: bool) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut kept = false;
         // A kept pool entry is memory beside the page it copies, charged to
         // the limit: kept only below the low watermark, where it costs no
-        // eviction. (Entries in the swap file cost no memory.)
-        let keep_pool = self.usage() + self.cfg.folio_size <= self.low();
+        // eviction. (Entries in the swap file cost no memory.) A walk's
+        // folios keep theirs at any usage: they go first (`Lru::once`),
+        // and their entries are what they will be evicted into, so freeing
+        // one now would only cost a compression then.
+        let keep_pool = walk || self.usage() + self.cfg.folio_size <= self.low();
         for p in self.folio_pages(st, f) {
             let i = p - f * ppf;
             if i < 64 && mask >> i & 1 == 0 {

@@ -55,6 +55,9 @@ pub struct PagerStats {
     pub readahead_folios: u64,
     /// Never-touched folios given zeros ahead of sequential write faults.
     pub zero_ahead_folios: u64,
+    /// Victims taken from the once list: folios a walk of loads went past
+    /// (`lru.rs`, `Lru::once`).
+    pub walk_evictions: u64,
     /// Adoptions whose range changed between the scan and the
     /// registration: the changed part was left unmanaged (`adopt_range`).
     pub adoption_cuts: u64,
@@ -139,6 +142,7 @@ pub(super) struct Counters {
     pub(super) fork_child_faults: AtomicU64,
     pub(super) fork_imported_pages: AtomicU64,
     pub(super) readahead_folios: AtomicU64,
+    pub(super) walk_evictions: AtomicU64,
     pub(super) zero_ahead_folios: AtomicU64,
     pub(super) adoption_cuts: AtomicU64,
     pub(super) early_adoptions: AtomicU64,
@@ -178,6 +182,7 @@ impl Pager {
             adoption_cuts: r(&c.adoption_cuts),
             early_adoptions: r(&c.early_adoptions),
             readahead_folios: r(&c.readahead_folios),
+            walk_evictions: r(&c.walk_evictions),
             zero_ahead_folios: r(&c.zero_ahead_folios),
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
