@@ -80,8 +80,7 @@ impl<T> Lru<T> {
     /// every item that leaves the lists, victim or gone.
     /// - The once list's head, while it holds more than `keep_once` (the
     ///   newest, loaded ahead of the walks and maybe not read yet): accessed
-    ///   goes to the active tail, cold is a victim. With `walk_only`, while
-    ///   the once list has any folio, it stops there, short or empty.
+    ///   goes to the active tail, cold is a victim.
     /// - Inactive head: accessed goes to the active tail, cold is a victim.
     /// - Active head (while inactive is under a third of all): accessed goes
     ///   round again, cold goes down to the inactive tail.
@@ -95,7 +94,6 @@ impl<T> Lru<T> {
         &mut self,
         batch: usize,
         keep_once: usize,
-        walk_only: bool,
         mut look: impl FnMut(&T) -> Look,
         live: impl Fn(&T) -> bool,
         mut left: impl FnMut(&T),
@@ -112,9 +110,6 @@ impl<T> Lru<T> {
                     self.once_victims += 1;
                 }
             }
-        }
-        if walk_only && !self.once.is_empty() {
-            return out;
         }
         let mut budget = ((self.active.len() + self.inactive.len()) * 2).min(16 * batch);
         while out.len() < batch && budget > 0 {
@@ -187,15 +182,7 @@ impl Inner {
     /// is accessed if it was faulted in or (with write tracking) written
     /// since it was last looked at; looking clears both (written pages are
     /// protected again).
-    ///
-    /// With `walk_only`, only folios a walk went past are taken, if there
-    /// are any on the once list (see [`Lru::isolate`]); the second value
-    /// says the list had some, but none to take.
-    pub(super) fn isolate_folios(
-        &self,
-        mut tracker: Option<&mut WriteTracker>,
-        walk_only: bool,
-    ) -> (Vec<(Arc<RegionState>, usize)>, bool) {
+    pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
         let live = |(st, f): &(Arc<RegionState>, usize)| {
             st.folio(*f) == Folio::Resident
                 && !st.poisoned[*f].load(Ordering::Relaxed)
@@ -227,8 +214,7 @@ impl Inner {
         let keep_once = self.cfg.keep_once_folios();
         let mut lru = self.lru.lock_ok();
         let before = lru.once_victims;
-        let victims = lru.isolate(self.cfg.batch_folios(), keep_once, walk_only, look, live, left);
-        let short = walk_only && victims.is_empty() && !lru.once.is_empty();
+        let victims = lru.isolate(self.cfg.batch_folios(), keep_once, look, live, left);
         self.counters.walk_evictions.fetch_add(lru.once_victims - before, Ordering::Relaxed);
         drop(lru);
         for (st, f) in dirtied {
@@ -238,7 +224,7 @@ impl Inner {
                 self.tier.drop_cached(st.key(p));
             }
         }
-        (victims, short)
+        victims
     }
 }
 
@@ -257,7 +243,7 @@ mod tests {
     fn cold_inactive_folios_go_first_in_order() {
         let mut l = lru(10);
         let mut left = Vec::new();
-        let v = l.isolate(4, 0, false, |_| Look::Cold, |_| true, |x| left.push(*x));
+        let v = l.isolate(4, 0, |_| Look::Cold, |_| true, |x| left.push(*x));
         assert_eq!(v, [0, 1, 2, 3]);
         assert_eq!(left, v);
         assert_eq!(l.len(), 6);
@@ -268,13 +254,12 @@ mod tests {
         let mut l = lru(8);
         let hot: HashSet<u32> = [1, 3].into();
         // First pass: 1 and 3 go active; the cold ones are victims.
-        let v = l.isolate(4, 0, false, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+        let v = l.isolate(4, 0, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [0, 2, 4, 5]);
         assert_eq!(l.active, [1, 3]);
         // Hot folios stay while they are accessed, however many passes.
         for _ in 0..5 {
-            let v =
-                l.isolate(1, 0, false, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+            let v = l.isolate(1, 0, |x| if hot.contains(x) { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
             assert!(v.iter().all(|x| !hot.contains(x)), "{v:?}");
             l.inactive.push_back(100);
         }
@@ -287,16 +272,16 @@ mod tests {
         l.once.extend(10..20);
         // The 3 newest stay (loaded ahead, maybe not read yet); 12 was
         // written since its load, so it goes active, not out.
-        let v = l.isolate(5, 3, false, |x| if *x == 12 { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
+        let v = l.isolate(5, 3, |x| if *x == 12 { Look::Accessed } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [10, 11, 13, 14, 15]);
         assert_eq!(l.once_victims, 5);
         assert_eq!(l.active, [12]);
         // Past the kept ones, the other lists give the rest.
-        let v = l.isolate(4, 3, false, |_| Look::Cold, |_| true, |_| {});
+        let v = l.isolate(4, 3, |_| Look::Cold, |_| true, |_| {});
         assert_eq!(v, [16, 0, 1, 2]);
         assert_eq!(l.once, [17, 18, 19]);
         // With nothing else left, the kept ones go too.
-        let v = l.isolate(8, 3, false, |_| Look::Cold, |_| true, |_| {});
+        let v = l.isolate(8, 3, |_| Look::Cold, |_| true, |_| {});
         assert_eq!(v, [3, 12, 17, 18, 19]);
     }
 
@@ -307,7 +292,7 @@ mod tests {
         l.inactive.push_back(1);
         // Inactive is under a third: the active heads are looked at first,
         // and cold ones go down to the inactive tail rather than out.
-        let v = l.isolate(1, 0, false, |_| Look::Cold, |_| true, |_| {});
+        let v = l.isolate(1, 0, |_| Look::Cold, |_| true, |_| {});
         assert_eq!(v, [1]);
         assert_eq!(l.inactive, [7]);
         assert_eq!(l.active, [8, 9]);
@@ -323,7 +308,6 @@ mod tests {
         let v = l.isolate(
             2,
             0,
-            false,
             |_| {
                 looks += 1;
                 Look::Accessed
@@ -335,7 +319,7 @@ mod tests {
         assert_eq!(v.len(), 2);
         assert!(v.iter().all(|x| x % 2 == 1));
         let mut l = lru(5);
-        let v = l.isolate(3, 0, false, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
+        let v = l.isolate(3, 0, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [2, 3, 4]);
         assert_eq!(l.len(), 0);
     }

@@ -276,9 +276,6 @@ struct Held {
 /// What one eviction pass did.
 #[derive(Debug, Default, Clone, Copy)]
 struct Pass {
-    /// A pass that took only a walk's folios (`walk_only`) and found none
-    /// past those reclaim leaves alone: the walk is about to give more.
-    walk_short: bool,
     evicted: usize,
     /// Set aside as shared with another process (uncharged): progress too.
     parked: usize,

@@ -104,14 +104,7 @@ impl Inner {
                     let pool_before = self.tier.pool_total_size();
                     self.tier.shrink_to_limit();
                     let shrank = self.tier.pool_total_size() < pool_before;
-                    // Between the watermarks, while a walk is loading, only
-                    // what it went past goes: the walk gives more soon, and
-                    // anything else evicted now it would load back later.
-                    let walk_only = self.usage() <= self.high();
-                    let pass = self.evict_batch(&mut staging, tracker.as_mut(), walk_only);
-                    if pass.walk_short {
-                        break;
-                    }
+                    let pass = self.evict_batch(&mut staging, tracker.as_mut());
                     if let Some(m) = &self.member {
                         m.add_evicted(pass.evicted as u64);
                     }
@@ -180,20 +173,13 @@ impl Inner {
     /// 4. Finish under the stripe lock: Folio::Evicted, dropping the entries of
     ///    pages the program dropped meanwhile. A rejected folio keeps its
     ///    pages uncompressed (`held`) until a fault maps them again.
-    pub(super) fn evict_batch(
-        &self,
-        staging: &mut Staging,
-        tracker: Option<&mut WriteTracker>,
-        walk_only: bool,
-    ) -> Pass {
+    pub(super) fn evict_batch(&self, staging: &mut Staging, tracker: Option<&mut WriteTracker>) -> Pass {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
         let mut isolated = Vec::new();
         let forked = self.forked.load(Ordering::Relaxed);
-        let (victims, short) = self.isolate_folios(tracker, walk_only);
-        pass.walk_short = short;
-        for (st, f) in victims {
+        for (st, f) in self.isolate_folios(tracker) {
             if forked && self.park_if_shared(&st, f, staging) {
                 pass.parked += 1;
                 continue;
