@@ -67,7 +67,10 @@ pub struct PagerConfig {
     /// and its pager takes them over (`pager/handover.rs`). Needs one
     /// handler thread, which must not wait for a lock the forking thread
     /// holds across fork (the shim gives it a heap of its own with
-    /// `handler_init`). Off: every evicted folio is loaded back before a
+    /// `handler_init`; without one, `fork_prepare` lets the handler finish
+    /// with the forking thread's faults first, but another thread's fault
+    /// during the fork may still make it allocate from the C heap and
+    /// hang the fork). Off: every evicted folio is loaded back before a
     /// fork.
     pub fork_event: bool,
     /// Run on the handler thread after `thread_init`.

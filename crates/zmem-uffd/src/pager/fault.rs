@@ -1,7 +1,7 @@
 //! Faults: the handler threads read the userfaultfd and serve faults.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
@@ -252,6 +252,32 @@ pub(super) enum Served {
     Busy,
 }
 
+/// One handler's part in `Inner::handlers_busy`: counted from reading
+/// events until it is done with them, and let go when the handler stops.
+struct Busy<'a> {
+    n: &'a AtomicUsize,
+    on: bool,
+}
+
+impl Busy<'_> {
+    fn set(&mut self, on: bool) {
+        if on != self.on {
+            self.on = on;
+            if on {
+                self.n.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.n.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 impl Inner {
     pub(super) fn handler_main(self: Arc<Self>, cpu: Option<usize>) {
         if let Some(cpu) = cpu {
@@ -272,7 +298,13 @@ impl Inner {
         // Events read after a FORK event in the same batch: handled once
         // the child has its memory.
         let mut carry: Vec<Event> = Vec::new();
+        let mut busy = Busy { n: &self.handlers_busy, on: false };
         loop {
+            // Done with what the last events asked: everything that served
+            // them is freed (`drops` included).
+            if pending.is_empty() && carry.is_empty() {
+                busy.set(false);
+            }
             if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
                 return;
             }
@@ -293,6 +325,9 @@ impl Inner {
             } else {
                 events.clear();
                 events.append(&mut carry);
+            }
+            if !events.is_empty() {
+                busy.set(true);
             }
             // A FORK event: the events before it are handled now, the child
             // is served until it has its memory, and the rest come after.

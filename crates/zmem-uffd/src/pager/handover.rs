@@ -7,7 +7,8 @@
 //! pages stay missing there, and its faults wait on that userfaultfd:
 //!
 //! 1. *Prepare* (`Pager::fork_prepare`, before fork): reclaim is frozen
-//!    (the pass in flight ends) and a socket pair is made, the *link*.
+//!    (the pass in flight ends), a socket pair is made, the *link*, and the
+//!    handlers finish what they were doing (`wait_handlers_at_rest`).
 //!    Nothing is loaded back.
 //! 2. *FORK read* (the handler): from here until the hand-over the handler
 //!    serves the child only ([`Inner::serve_child`]): its faults, from the
@@ -88,6 +89,9 @@ pub(super) enum Fork {
 /// event, after which it takes it that none came (the fork failed, or no
 /// registered mapping was copied: all were `MADV_DONTFORK`).
 const SEEN_GRACE: Duration = Duration::from_secs(1);
+
+/// How long `fork_prepare` waits for the handlers to be at rest.
+const AT_REST_WAIT: Duration = Duration::from_millis(200);
 
 /// What a forked child's pager starts from.
 pub(super) struct Handed {
@@ -230,6 +234,28 @@ impl Inner {
             Err(e) => log::warn!("no fork hand-over link ({e}): the child's memory will be copied in whole"),
         }
         self.fork_state.store(Fork::Prepared as u8, Ordering::Release);
+        self.wait_handlers_at_rest();
+    }
+
+    /// Waits, up to [`AT_REST_WAIT`], until no handler is busy with events
+    /// it read. glibc's fork takes every malloc lock before the syscall,
+    /// and the syscall waits for the FORK event to be read: a handler
+    /// that, just then, frees or allocates what it used to serve this
+    /// thread's last fault (the copy into the program wakes the thread
+    /// first) waits for a lock the forking thread holds, and never reads
+    /// the event. At rest, a handler waits for events in poll(2), which
+    /// allocates nothing. Faults of other threads during the fork can still
+    /// busy it: under `zmem run` the handlers allocate from a heap of
+    /// their own, which fork does not lock.
+    fn wait_handlers_at_rest(&self) {
+        let deadline = Instant::now() + AT_REST_WAIT;
+        while self.handlers_busy.load(Ordering::SeqCst) != 0 {
+            if Instant::now() > deadline {
+                log::debug!("forking with a handler busy");
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// `fork_parent` with `fork_event`: the child's end is the child's, and

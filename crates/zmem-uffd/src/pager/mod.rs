@@ -256,6 +256,13 @@ struct Inner {
     /// The handler is serving a forked child until it hands over: nothing
     /// may free an entry the child may still need (`wait_handover`).
     serving_child: AtomicBool,
+    /// Handlers between reading events and being done with them (every
+    /// free and allocation made). `fork_prepare` waits for none: with
+    /// `fork_event` the fork waits for its event to be read while the
+    /// forking thread holds the C allocator's locks, and a handler still
+    /// freeing what served the forking thread's last fault would wait for
+    /// them (see `Inner::wait_handlers_at_rest`).
+    handlers_busy: AtomicUsize,
 }
 
 /// Where an Evicting folio's moved pages went (see `Inner::forwards`).
@@ -396,6 +403,7 @@ impl Pager {
             link_child: Mutex::new(None),
             fork_state: std::sync::atomic::AtomicU8::new(0),
             serving_child: AtomicBool::new(false),
+            handlers_busy: AtomicUsize::new(0),
             uffd,
             tier,
             cfg,
