@@ -126,14 +126,19 @@ impl Tier {
     /// holds the same entry (the same id: its content cannot have changed,
     /// wherever writeback moved it); a page whose entry changed meanwhile
     /// (invalidated, or stored again) is loaded again with `load`.
+    ///
+    /// A page whose outcome is `NotFound` is left as it was in `dst`.
     pub fn load_many(&self, key: u64, dst: &mut [u8]) -> Vec<Result<LoadOutcome, TierError>> {
         if dst.is_empty() || dst.len() % PAGE_SIZE != 0 {
             return vec![Err(TierError::BadFolio { len: dst.len() })];
         }
         let n = dst.len() / PAGE_SIZE;
         let mut out: Vec<Result<LoadOutcome, TierError>> = Vec::with_capacity(n);
-        // Objects copied out or read in, back to back.
-        let mut objs = vec![0u8; n * PAGE_SIZE];
+        // Objects copied out or read in, back to back: only what is written
+        // is read, so the buffer is reused as it is (zeroing 64 KiB per
+        // fault cost the handler ~2 µs of its ~80 per folio).
+        let mut scratch = Scratch::take(n * PAGE_SIZE);
+        let objs = &mut scratch.0[..n * PAGE_SIZE];
         let mut used = 0;
         let mut taken: Vec<Taken> = Vec::with_capacity(n);
         // (slot, offset, at, len, index in `taken`) of the swap file's objects.
@@ -428,5 +433,32 @@ impl Tier {
     /// Whether `key` has an entry, and where.
     pub fn lookup(&self, key: u64) -> Option<Stored> {
         self.tree.lock(key).get(key).map(|e| e.stored)
+    }
+}
+
+thread_local! {
+    /// [`Scratch`]'s buffer, between calls.
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A thread's buffer for the objects of a `load_many`, taken for the call
+/// and given back when dropped (a nested call gets a fresh one).
+struct Scratch(Vec<u8>);
+
+impl Scratch {
+    fn take(len: usize) -> Scratch {
+        let mut v = SCRATCH.with(|s| s.take());
+        if v.len() < len {
+            v.resize(len, 0);
+        }
+        Scratch(v)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        // At thread exit the slot may be gone already: the buffer is freed.
+        let _ = SCRATCH.try_with(|s| s.set(v));
     }
 }

@@ -613,11 +613,16 @@ impl Inner {
         let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
         let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
         let span = &mut bounce[lo * PAGE_SIZE..hi * PAGE_SIZE];
-        span.fill(0);
         let mut bad = vec![false; ppf];
         // One call: the pages' slots in the swap file are read together
-        // (one preadv per run).
-        for (i, r) in self.tier.load_many(st.key(f * ppf + lo), span).into_iter().enumerate() {
+        // (one preadv per run). Pages it does not fill are zeroed after.
+        let outcomes = self.tier.load_many(st.key(f * ppf + lo), span);
+        for (i, page) in span.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            if !matches!(outcomes.get(i), Some(Ok(LoadOutcome::Loaded))) {
+                page.fill(0);
+            }
+        }
+        for (i, r) in outcomes.into_iter().enumerate() {
             match r {
                 Ok(LoadOutcome::Loaded | LoadOutcome::NotFound) => {}
                 Err(_) if !wanted(lo + i) => {}
