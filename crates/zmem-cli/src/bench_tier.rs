@@ -4,7 +4,10 @@
 //! - writeback on, the pool limited to `--pool-percent` of the data: store
 //!   MB/s (the shrinker runs inline) and load MB/s (part from the file);
 //! - `pool_total_size` against the sum of the objects' compressed sizes;
-//! - writeback MB/s of the whole pool, encrypted and not.
+//! - writeback MB/s of the whole pool, encrypted and not;
+//! - recompression of the whole pool with `--recompress` (zram's
+//!   `recompress`): MB/s, the pool's size before and after, and load MB/s
+//!   from the recompressed pool against the first one.
 //!
 //! MB/s counts uncompressed bytes (10^6). Every loaded page is compared with
 //! what was stored.
@@ -39,6 +42,9 @@ pub struct Args {
     /// Directory for the swap file.
     #[arg(long)]
     swapfile: Option<PathBuf>,
+    /// The stronger compressor entries are recompressed with.
+    #[arg(long, default_value = "zstd")]
+    recompress: String,
     #[arg(long)]
     json: bool,
 }
@@ -60,6 +66,14 @@ struct Report {
     pool_overhead: f64,
     writeback_mbps_encrypted: f64,
     writeback_mbps_plain: f64,
+    recompress_to: String,
+    /// Uncompressed MB/s of the pages recompressed.
+    recompress_mbps: f64,
+    recompressed_pages: usize,
+    pool_before_recompress: u64,
+    pool_after_recompress: u64,
+    /// Load MB/s from the recompressed pool (writeback off).
+    load_mbps_recompressed: f64,
 }
 
 fn mbps(bytes: usize, secs: f64) -> f64 {
@@ -116,6 +130,7 @@ fn load_all(t: &Tier, d: &Data, rejected: &[bool]) -> Result<(f64, usize)> {
 
 pub fn run(args: &Args) -> Result<()> {
     let spec: CodecSpec = args.compressor.parse()?;
+    let stronger: CodecSpec = args.recompress.parse()?;
     if args.mib == 0 || !(1..=512).contains(&args.folio) || !(1..=100).contains(&args.pool_percent) {
         bail!("--mib must be at least 1, --folio in 1..=512, --pool-percent in 1..=100");
     }
@@ -168,6 +183,19 @@ pub fn run(args: &Args) -> Result<()> {
         wb_rates[k] = mbps(went * PAGE_SIZE, start.elapsed().as_secs_f64());
     }
 
+    // Recompression: the whole pool (writeback off), then every page
+    // loaded from the pool it went to.
+    let t = Tier::new(TierConfig { writeback: false, swap: None, ..base.clone() })?;
+    let (_, rej) = store_all(&t, &d, args.folio, true)?;
+    let pool_before = t.stats().pool_total_size;
+    let start = Instant::now();
+    let rc = t.recompress(stronger, usize::MAX, false)?;
+    let rc_secs = start.elapsed().as_secs_f64();
+    t.compact();
+    let pool_after = t.stats().pool_total_size;
+    let (l_rc, l_rc_bytes) = load_all(&t, &d, &rej)?;
+    drop(t);
+
     let r = Report {
         compressor: spec.to_string(),
         mib: args.mib,
@@ -183,6 +211,12 @@ pub fn run(args: &Args) -> Result<()> {
         pool_overhead: st.pool_total_size as f64 / compressed as f64,
         writeback_mbps_encrypted: wb_rates[0],
         writeback_mbps_plain: wb_rates[1],
+        recompress_to: stronger.to_string(),
+        recompress_mbps: mbps(rc.scanned * PAGE_SIZE, rc_secs),
+        recompressed_pages: rc.moved,
+        pool_before_recompress: pool_before,
+        pool_after_recompress: pool_after,
+        load_mbps_recompressed: mbps(l_rc_bytes, l_rc),
     };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -221,6 +255,18 @@ pub fn run(args: &Args) -> Result<()> {
         r.writeback_mbps_encrypted,
         r.writeback_mbps_plain,
         r.writeback_mbps_encrypted / r.writeback_mbps_plain
+    )?;
+    writeln!(
+        out,
+        "recompress    : {:>7.0} MB/s to {}, {} pages moved; pool {:.1} -> {:.1} MiB ({:.2}x); load {:>7.0} MB/s ({:.2}x the first pool's)",
+        r.recompress_mbps,
+        r.recompress_to,
+        r.recompressed_pages,
+        r.pool_before_recompress as f64 / 1048576.0,
+        r.pool_after_recompress as f64 / 1048576.0,
+        r.pool_before_recompress as f64 / r.pool_after_recompress.max(1) as f64,
+        r.load_mbps_recompressed,
+        r.load_mbps_recompressed / r.load_mbps_wb_off
     )?;
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! | `store.rs` | `Tier::store`: same-filled markers, batch compression into the pool, rejections |
 //! | `load.rs` | `Tier::load`, `invalidate`, `lookup` |
 //! | `writeback.rs` | `Tier::writeback`: the coldest entries to the swap file, in batches |
+//! | `recompress.rs` | `Tier::recompress`: entries to a stronger compressor's pool, as zram's recompress |
 //! | `shrinker.rs` | `Shrinker::{count, scan}` and `shrink_to`, which a store that finds the pool full runs |
 //! | `pool.rs`, `entry.rs`, `tree.rs`, `lru.rs` | a refcounted compressor+zs pool; entries; the sharded tree; the LRU |
 //! | `config.rs`, `error.rs`, `stats.rs` | settings, errors, counters (zswap's debugfs names) |
@@ -32,6 +33,7 @@
 //!   │                                               ├─► load (exclusive) / invalidate / store again ─► freed
 //!   └─────► Pool{handle} ──(shrinker)──► Swap{slot} ┘
 //!              ▲ on the LRU            (off the LRU)
+//!              └─ recompress: same entry, a new object in a stronger pool
 //! ```
 //! A non-exclusive load leaves the entry where it is and sets `referenced`.
 #![forbid(unsafe_code)]
@@ -43,6 +45,7 @@ mod export;
 mod load;
 pub mod lru;
 pub mod pool;
+mod recompress;
 mod shrinker;
 pub mod stats;
 mod store;
@@ -64,6 +67,7 @@ pub use error::TierError;
 pub use export::Exported;
 pub use load::LoadOutcome;
 pub use pool::Pool;
+pub use recompress::Recompressed;
 pub use shrinker::Shrinker;
 pub use stats::TierStats;
 pub use store::{RejectReason, StoreOutcome};
@@ -130,6 +134,10 @@ pub struct Tier {
     max_bytes: AtomicUsize,
     accept_bytes: AtomicUsize,
     shrink_lock: Mutex<Vec<u8>>,
+    /// Where [`Tier::recompress`] moves entries, and with which codec.
+    recompress_to: Mutex<Option<(CodecSpec, Weak<Pool>)>>,
+    /// The shard the next [`Tier::recompress`] starts at.
+    recompress_cursor: AtomicUsize,
 }
 
 impl Tier {
@@ -186,6 +194,8 @@ impl Tier {
             max_bytes: AtomicUsize::new(max_bytes),
             accept_bytes: AtomicUsize::new(accept_bytes),
             shrink_lock: Mutex::new(Vec::new()),
+            recompress_to: Mutex::new(None),
+            recompress_cursor: AtomicUsize::new(0),
             cfg,
         })
     }
@@ -256,6 +266,14 @@ impl Tier {
     /// # Errors
     /// As [`set_compressor`](Self::set_compressor).
     pub fn set_batch_compressor(&self, c: Arc<dyn BatchCompressor>) -> Result<(), TierError> {
+        let pool = self.new_pool(c)?;
+        let old = std::mem::replace(&mut *self.current.write().unwrap_or_else(|e| e.into_inner()), pool);
+        drop(old);
+        Ok(())
+    }
+
+    /// A new pool for `c`, with an id no live pool has.
+    pub(crate) fn new_pool(&self, c: Arc<dyn BatchCompressor>) -> Result<Arc<Pool>, TierError> {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools.retain(|w| w.strong_count() > 0);
         // An entry has 15 bits for its pool's id: ids wrap, skipping those
@@ -269,10 +287,7 @@ impl Tier {
         };
         let pool = Arc::new(Pool::new(id, c, self.cfg.zs, Arc::clone(&self.mempool), Arc::clone(&self.group_pages))?);
         pools.push(Arc::downgrade(&pool));
-        drop(pools);
-        let old = std::mem::replace(&mut *self.current.write().unwrap_or_else(|e| e.into_inner()), pool);
-        drop(old);
-        Ok(())
+        Ok(pool)
     }
 
     /// Bytes of zspages of every pool: zswap's `pool_total_size`.
@@ -367,6 +382,7 @@ impl Tier {
             cached_pages: r(&c.cached_pages),
             cached_reused: r(&c.cached_reused),
             cached_dropped: r(&c.cached_dropped),
+            recompressed_pages: r(&c.recompressed_pages),
             zswpin: r(&c.zswpin),
             zswpwb: r(&c.written_back_pages),
             swap_pages: r(&c.swap_pages),

@@ -25,6 +25,7 @@ pub(crate) struct Counters {
     pub cached_pages: AtomicU64,
     pub cached_reused: AtomicU64,
     pub cached_dropped: AtomicU64,
+    pub recompressed_pages: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64, n: u64) {
@@ -73,6 +74,9 @@ pub struct TierStats {
     /// Cached entries freed: by the shrinker (instead of writing them back)
     /// or because the page was written.
     pub cached_dropped: u64,
+    /// Entries moved to a stronger compressor's pool (`Tier::recompress`),
+    /// zram's `recompress`.
+    pub recompressed_pages: u64,
     /// Pools alive: the current one and old ones that still hold entries.
     pub pools: u64,
     /// Every resident byte the tier holds: the mempool (pool pages, free and
@@ -101,6 +105,7 @@ const HELP: &[(&str, &str, &str)] = &[
     ("cached_pages", "gauge", "Pool entries kept as the clean copy of a page mapped again"),
     ("cached_reused", "counter", "Pages stored again unchanged: their cached entry was kept, nothing compressed"),
     ("cached_dropped", "counter", "Cached entries freed by the shrinker or because the page was written"),
+    ("recompressed_pages", "counter", "Entries recompressed into a stronger compressor's pool"),
     ("pools", "gauge", "Pools alive"),
     ("memory_bytes", "gauge", "Resident bytes held by the tier"),
 ];

@@ -321,8 +321,9 @@ impl<P: Clone> Shard<P> {
         }
     }
 
-    /// The second half of writeback: if `key` still holds entry `id` in a
-    /// pool, it now points at `to` (a [`Stored::Swap`]); the old pool object
+    /// The second half of writeback: if `key` still holds entry `id` with
+    /// its object at `from` (the one written: recompression may have moved
+    /// it since), it now points at `to` (a [`Stored::Swap`]); the old pool object
     /// is freed through `free_obj`. The pool reference is dropped unless the
     /// written-back object is compressed (it still needs the pool's
     /// compressor). Returns `Ok(pool dropped by this shard, if any)`, or
@@ -333,12 +334,13 @@ impl<P: Clone> Shard<P> {
         &mut self,
         key: u64,
         id: u32,
+        from: Handle,
         to: Stored,
         free_obj: impl FnOnce(&P, &Entry),
     ) -> Result<Option<P>, ()> {
         debug_assert!(matches!(to, Stored::Swap { .. }), "{to:?}");
         let Some(mut e) = self.get_mut(key) else { return Err(()) };
-        if e.id != id || !e.in_pool() {
+        if e.id != id || !matches!(e.stored, Stored::Pool { handle, .. } if handle == from) {
             return Err(());
         }
         let old = *e;
@@ -349,6 +351,38 @@ impl<P: Clone> Shard<P> {
             free_obj(p, &old);
         }
         Ok(if keeps { None } else { self.put_ref(old.pool) })
+    }
+
+    /// The second half of recompression: if `key` still holds entry `id`
+    /// with its object at `from` (in a pool), it now holds `to`, an object
+    /// of the pool `(id, pool)`; the old object is freed through `free_obj`.
+    /// Returns `Ok(old pool dropped by this shard, if any)`, or `Err(())`
+    /// when the entry changed meanwhile, in which case the caller frees
+    /// `to`'s object.
+    #[allow(clippy::result_unit_err)]
+    pub fn recompress_commit(
+        &mut self,
+        key: u64,
+        id: u32,
+        from: Handle,
+        (to_pool_id, to_pool): (u32, &P),
+        to: Stored,
+        free_obj: impl FnOnce(&P, &Entry),
+    ) -> Result<Option<P>, ()> {
+        debug_assert!(matches!(to, Stored::Pool { .. }), "{to:?}");
+        let Some(mut e) = self.get_mut(key) else { return Err(()) };
+        if e.id != id || !matches!(e.stored, Stored::Pool { handle, .. } if handle == from) {
+            return Err(());
+        }
+        let old = *e;
+        e.stored = to;
+        e.pool = to_pool_id;
+        drop(e);
+        self.get_ref(to_pool_id, to_pool);
+        if let Some(p) = self.pool(old.pool) {
+            free_obj(p, &old);
+        }
+        Ok(self.put_ref(old.pool))
     }
 
     pub fn len(&self) -> usize {

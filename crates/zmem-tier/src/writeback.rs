@@ -3,7 +3,7 @@
 //! slots and written; no codec runs. They are decompressed when loaded.
 
 use zmem_common::LockExt;
-use zmem_zsmalloc::PAGE_SIZE;
+use zmem_zsmalloc::{Handle, PAGE_SIZE};
 
 use crate::stats::{dec, inc};
 use crate::tree::BLOCK;
@@ -38,8 +38,9 @@ impl Tier {
             self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
         }
         scratch.resize(max * PAGE_SIZE, 0);
-        // (key, id), and where in `scratch` the object was copied.
-        let mut victims: Vec<(u64, u32)> = Vec::with_capacity(max);
+        // (key, id, the object's handle), and where in `scratch` the
+        // object was copied.
+        let mut victims: Vec<(u64, u32, Handle)> = Vec::with_capacity(max);
         let mut objs: Vec<(usize, usize)> = Vec::with_capacity(max);
         let mut used = 0;
         // Blocks whose entries got a second chance: back at the hot end.
@@ -89,7 +90,7 @@ impl Tier {
                 });
                 match copied {
                     Ok(()) => {
-                        victims.push((key, e.id));
+                        victims.push((key, e.id, handle));
                         objs.push((used, len));
                         used += len;
                     }
@@ -118,7 +119,7 @@ impl Tier {
             Err(_) => {
                 // ENOSPC, EIO, no bounce pages: the entries stay in the pool.
                 inc(&self.counters.reject_reclaim_fail, victims.len() as u64);
-                let mut blocks: Vec<u64> = victims.iter().map(|&(k, _)| k / BLOCK as u64).collect();
+                let mut blocks: Vec<u64> = victims.iter().map(|&(k, ..)| k / BLOCK as u64).collect();
                 blocks.dedup();
                 self.lru.push_cold(&blocks);
                 // Slots that cached entries keep are worth more to the
@@ -129,11 +130,11 @@ impl Tier {
             }
         };
         let mut written = 0;
-        for (((key, id), (slot, off)), &(_, len)) in victims.into_iter().zip(slots).zip(&objs) {
+        for (((key, id, handle), (slot, off)), &(_, len)) in victims.into_iter().zip(slots).zip(&objs) {
             let mut shard = self.tree.lock(key);
             let mut raw = false;
             let to = Stored::Swap { slot, off, len: len as u16 };
-            let r = shard.writeback_commit(key, id, to, |p, e| {
+            let r = shard.writeback_commit(key, id, handle, to, |p, e| {
                 if let Stored::Pool { handle, len } = e.stored {
                     raw = len as usize == PAGE_SIZE;
                     let r = p.zs.free(handle);
@@ -154,8 +155,8 @@ impl Tier {
                     drop(dropped);
                     written += 1;
                 }
-                // Loaded, invalidated or stored again while we wrote: the
-                // slot holds nothing anyone needs.
+                // Loaded, invalidated, stored again or recompressed while
+                // we wrote: the slot holds nothing anyone needs.
                 Err(()) => {
                     let _ = sf.free(slot);
                 }

@@ -4,6 +4,8 @@
 //! it picked. Whatever the interleaving, the old object is freed exactly
 //! once, the swap slot is either referenced by the final entry or freed
 //! exactly once, and the shard holds the pool only while an entry needs it.
+//! Recompression, which moves an entry's object to another pool between
+//! writeback's pick and commit, is modelled against writeback too.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test -p zmem-tier --test loom --release`.
 #![cfg(loom)]
@@ -68,7 +70,7 @@ fn model(third: fn(&Tree<Arc<()>>, &Freed, &Arc<()>)) {
                 }
                 // (the page is written to SLOT here, with no lock held)
                 let mut shard = tree.lock(KEY);
-                let r = shard.writeback_commit(KEY, 1, SWAPPED, |_, e| free_obj(&freed, e));
+                let r = shard.writeback_commit(KEY, 1, Handle::from_raw(1), SWAPPED, |_, e| free_obj(&freed, e));
                 drop(shard);
                 if r.is_err() {
                     freed.slot.fetch_add(1, Ordering::SeqCst);
@@ -125,5 +127,64 @@ fn writeback_races_a_new_store() {
         if let Some(old) = shard.insert(KEY, entry(2, 2), pool) {
             let _ = shard.release(old, |_, e| free_obj(freed, e), |e| free_slot(freed, e));
         }
+    });
+}
+
+/// Writeback and recompression both pick entry 1's object (handle 1, pool
+/// 0), work with no lock held, and commit. Exactly one commit goes
+/// through; the other's copy (slot or new object) is freed by its caller.
+/// An entry left in the swap file holds the bytes of handle 1 under pool
+/// 0's compressor, never pool 1's.
+#[test]
+fn writeback_races_a_recompression() {
+    loom::model(|| {
+        let tree: Arc<Tree<Arc<()>>> = Arc::new(Tree::default());
+        let (pool0, pool1) = (Arc::new(()), Arc::new(()));
+        let freed = Arc::new(Freed::default());
+        tree.lock(KEY).insert(KEY, entry(1, 1), &pool0);
+        let wb = {
+            let (tree, freed) = (Arc::clone(&tree), Arc::clone(&freed));
+            thread::spawn(move || {
+                let mut shard = tree.lock(KEY);
+                if shard.writeback_commit(KEY, 1, Handle::from_raw(1), SWAPPED, |_, e| free_obj(&freed, e)).is_err() {
+                    freed.slot.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let rc = {
+            let (tree, freed, pool1) = (Arc::clone(&tree), Arc::clone(&freed), Arc::clone(&pool1));
+            thread::spawn(move || {
+                let to = Stored::Pool { handle: Handle::from_raw(3), len: 60 };
+                let mut shard = tree.lock(KEY);
+                let r =
+                    shard.recompress_commit(KEY, 1, Handle::from_raw(1), (1, &pool1), to, |_, e| free_obj(&freed, e));
+                drop(shard);
+                if r.is_err() {
+                    freed.new_obj.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        wb.join().unwrap();
+        rc.join().unwrap();
+        let mut shard = tree.lock(KEY);
+        let fin = shard.get(KEY).expect("the entry stays");
+        assert_eq!(freed.old_obj.load(Ordering::SeqCst), 1, "handle 1 is freed exactly once");
+        match fin.stored {
+            Stored::Swap { .. } => {
+                assert_eq!((fin.pool, freed.slot.load(Ordering::SeqCst)), (0, 0), "the slot's object is pool 0's");
+                assert_eq!(freed.new_obj.load(Ordering::SeqCst), 1, "the recompressed copy is freed");
+                assert!(shard.pool(0).is_some() && shard.pool(1).is_none());
+            }
+            Stored::Pool { handle, .. } => {
+                assert_eq!((handle.to_raw(), fin.pool), (3, 1));
+                assert_eq!((freed.slot.load(Ordering::SeqCst), freed.new_obj.load(Ordering::SeqCst)), (1, 0));
+                assert!(shard.pool(0).is_none() && shard.pool(1).is_some());
+            }
+            Stored::SameFilled(_) => unreachable!(),
+        }
+        if let Some(e) = shard.remove(KEY) {
+            let _ = shard.release(e, |_, e| free_obj(&freed, e), |e| free_slot(&freed, e));
+        }
+        assert!(shard.pool(0).is_none() && shard.pool(1).is_none());
     });
 }
