@@ -11,7 +11,7 @@ use zmem_uffd::tree::Tree;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, \
+ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, \
 ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -21,6 +21,11 @@ pub struct Args {
     /// lz4, zstd[:LEVEL], deflate[:LEVEL], lzo, lzo-rle.
     #[arg(long)]
     compressor: Option<String>,
+    /// Recompress idle pool entries with this stronger codec in the
+    /// background (zstd[:LEVEL], ...), as zram's recompress does: a smaller
+    /// pool, slower loads of what moved [default: off].
+    #[arg(long)]
+    recompress: Option<String>,
     /// The pool's share of the limit, percent.
     #[arg(long)]
     max_pool_percent: Option<String>,
@@ -158,6 +163,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     };
     set("ZMEM_LIMIT", args.limit.clone());
     set("ZMEM_COMPRESSOR", args.compressor.clone());
+    set("ZMEM_RECOMPRESS", args.recompress.clone());
     set("ZMEM_MAX_POOL_PERCENT", args.max_pool_percent.clone());
     set("ZMEM_SWAPFILE_DIR", args.swapfile.as_ref().map(|p| p.display().to_string()));
     set("ZMEM_NO_ENCRYPT", args.no_encrypt.then(|| "1".to_string()));

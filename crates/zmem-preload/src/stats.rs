@@ -73,6 +73,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             .map_or(0, |d| d.as_millis() as u64),
         "limit": s.settings.limit,
         "compressor": s.pager.tier().compressor(),
+        "recompress": s.settings.recompress.map(|c| c.to_string()),
         "managed_mappings": LIVE.load(Ordering::Relaxed),
         "pager": {
             "usage_bytes": p.usage_bytes,

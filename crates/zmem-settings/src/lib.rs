@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle` |
+//! | `ZMEM_RECOMPRESS` | unset | a stronger codec (`zstd`, say): idle pool entries are recompressed with it in the background, as zram's `recompress` |
 //! | `ZMEM_MAX_POOL_PERCENT` | `50` | the pool's share of the limit (1..=100) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
@@ -37,6 +38,8 @@ use zmem_uffd::{AdoptConfig, PagerConfig};
 pub struct Settings {
     pub limit: usize,
     pub compressor: CodecSpec,
+    /// `PagerConfig::recompress`.
+    pub recompress: Option<CodecSpec>,
     pub max_pool_percent: u32,
     /// Where the swap file goes; `None`: writeback is off.
     pub swapfile_dir: Option<PathBuf>,
@@ -125,6 +128,7 @@ impl Default for Settings {
         Settings {
             limit: defaults::LIMIT,
             compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
+            recompress: None,
             max_pool_percent: defaults::RUN_MAX_POOL_PERCENT,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
@@ -158,6 +162,8 @@ impl Settings {
             match k {
                 "ZMEM_LIMIT" => s.limit = size(v)?,
                 "ZMEM_COMPRESSOR" => s.compressor = v.parse().map_err(|e| format!("{k}={v}: {e}"))?,
+                "ZMEM_RECOMPRESS" if v.trim().is_empty() => s.recompress = None,
+                "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| format!("{k}={v}: {e}"))?),
                 "ZMEM_MAX_POOL_PERCENT" => {
                     s.max_pool_percent = v
                         .parse()
@@ -254,6 +260,7 @@ impl Settings {
             tier = TierConfig { writeback: true, ..tier }.with_swap_dir(d.clone(), self.encrypt);
         }
         cfg.tier = tier;
+        cfg.recompress = self.recompress;
         cfg.adopt = self.adopt.then_some(AdoptConfig {
             threshold: self.threshold,
             stacks: self.stacks,
@@ -295,16 +302,20 @@ mod tests {
         let s = Settings::from_vars([
             ("ZMEM_LIMIT", "256M"),
             ("ZMEM_COMPRESSOR", "zstd:3"),
+            ("ZMEM_RECOMPRESS", "zstd:9"),
             ("PATH", "/bin"),
             ("ZMEM_LOG", "debug"),
         ])
         .unwrap();
         assert_eq!(s.limit, 256 << 20);
         assert_eq!(s.compressor.to_string(), "zstd:3");
+        assert_eq!(s.pager_config().recompress.map(|c| c.to_string()).as_deref(), Some("zstd:9"));
+        assert_eq!(Settings::from_vars::<&str, &str>([]).unwrap().pager_config().recompress, None);
         for (k, v, why) in [
             ("ZMEM_LIMIT", "lots", "ZMEM_LIMIT=lots"),
             ("ZMEM_LIMIT", "1M", "at least 16M"),
             ("ZMEM_COMPRESSOR", "snappy", "ZMEM_COMPRESSOR=snappy"),
+            ("ZMEM_RECOMPRESS", "zstd:99", "ZMEM_RECOMPRESS=zstd:99"),
             ("ZMEM_MAX_POOL_PERCENT", "0", "1..=100"),
             ("ZMEM_FOLIO", "48K", "power of two"),
             ("ZMEM_FAULT_AROUND", "12K", "power of two"),

@@ -893,6 +893,38 @@ fn a_walk_over_more_than_the_limit_evicts_behind_itself() {
     assert!(loaded <= evicted + evicted / 20, "{loaded} pages loaded for {evicted} evicted: {t:?} {s:?}");
 }
 
+/// `recompress`: once the program is idle under its limit, reclaim moves
+/// the pool's entries to zstd a slice a second (the first look clears each
+/// entry's mark, the next moves it), the pool shrinks, and every page reads
+/// back as written.
+#[test]
+fn idle_entries_are_recompressed_in_the_background_and_read_back() {
+    let _wd = watchdog("recompress", 120);
+    let mut cfg = PagerConfig::with_limit(16 << 20);
+    cfg.recompress = Some("zstd".parse().unwrap());
+    cfg.tier.writeback = false;
+    cfg.tier.swap = None;
+    cfg.tier.max_pool_percent = 50;
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(24 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 3);
+    }
+    p.reclaim_now();
+    let before = p.tier().stats();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while p.tier().stats().recompressed_pages * 2 < before.stored_pages && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let after = p.tier().stats();
+    assert!(after.recompressed_pages * 2 >= before.stored_pages, "{before:?} {after:?}");
+    assert!(after.pool_total_size < before.pool_total_size, "{before:?} {after:?}");
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 3)).sum();
+    assert_eq!(bad, 0, "{:?}", p.tier().stats());
+    assert_eq!(p.tier().stats().decompress_fail, 0);
+}
+
 #[test]
 fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
     let _wd = watchdog("cached", 120);

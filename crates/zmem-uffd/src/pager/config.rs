@@ -87,6 +87,14 @@ pub struct PagerConfig {
     /// keeps its usage within its share.
     pub tree: Option<std::path::PathBuf>,
     pub tier: TierConfig,
+    /// Recompress the pool's idle entries with this (stronger) codec in the
+    /// background, as zram's `recompress type=idle` does: while usage is
+    /// under the high watermark, reclaim takes a slice of the pool each
+    /// second; an entry moves when it was not loaded or stored again since
+    /// the slice before, and only if its object shrinks by an eighth.
+    /// Loads from the stronger codec's pool are slower (zstd:1 ~3x lz4's
+    /// time: `zmem bench tier`). `None`: off.
+    pub recompress: Option<zmem_tier::CodecSpec>,
     /// The most bytes a sequential fault loads ahead (the window doubles
     /// up to this, rounded down to folios); 0 turns read-ahead off.
     pub read_ahead: usize,
@@ -180,6 +188,7 @@ impl PagerConfig {
             adopt: None,
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
+            recompress: None,
             read_ahead: defaults::READ_AHEAD_BYTES,
             fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,
