@@ -138,9 +138,10 @@ impl Inner {
                             if !warned {
                                 warned = true;
                                 log::warn!(
-                                    "usage {} MiB is over the limit of {} MiB and nothing more can be \
-                                     evicted ({}); the limit is soft until reclaim succeeds again",
+                                    "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
+                                     nothing more can be evicted ({}); the limit is soft until reclaim succeeds again",
                                     self.usage() >> 20,
+                                    self.low() >> 20,
                                     self.limit() >> 20,
                                     self.stuck_reason(&pass)
                                 );
