@@ -339,18 +339,7 @@ impl<P: Clone> Shard<P> {
         free_obj: impl FnOnce(&P, &Entry),
     ) -> Result<Option<P>, ()> {
         debug_assert!(matches!(to, Stored::Swap { .. }), "{to:?}");
-        let Some(mut e) = self.get_mut(key) else { return Err(()) };
-        if e.id != id || !matches!(e.stored, Stored::Pool { handle, .. } if handle == from) {
-            return Err(());
-        }
-        let old = *e;
-        e.stored = to;
-        let keeps = e.holds_pool();
-        drop(e);
-        if let Some(p) = self.pool(old.pool) {
-            free_obj(p, &old);
-        }
-        Ok(if keeps { None } else { self.put_ref(old.pool) })
+        self.move_object(key, id, from, to, None, free_obj)
     }
 
     /// The second half of recompression: if `key` still holds entry `id`
@@ -365,24 +354,46 @@ impl<P: Clone> Shard<P> {
         key: u64,
         id: u32,
         from: Handle,
-        (to_pool_id, to_pool): (u32, &P),
+        to_pool: (u32, &P),
         to: Stored,
         free_obj: impl FnOnce(&P, &Entry),
     ) -> Result<Option<P>, ()> {
         debug_assert!(matches!(to, Stored::Pool { .. }), "{to:?}");
+        self.move_object(key, id, from, to, Some(to_pool), free_obj)
+    }
+
+    /// Both commits: `key`'s entry `id`, if its object is still the pool
+    /// object `from`, now holds `to` (in pool `to_pool`, if given); the old
+    /// object is freed, and the old pool's reference dropped unless the
+    /// entry still needs that pool.
+    fn move_object(
+        &mut self,
+        key: u64,
+        id: u32,
+        from: Handle,
+        to: Stored,
+        to_pool: Option<(u32, &P)>,
+        free_obj: impl FnOnce(&P, &Entry),
+    ) -> Result<Option<P>, ()> {
         let Some(mut e) = self.get_mut(key) else { return Err(()) };
         if e.id != id || !matches!(e.stored, Stored::Pool { handle, .. } if handle == from) {
             return Err(());
         }
         let old = *e;
+        debug_assert!(to_pool.is_none_or(|(pid, _)| pid != old.pool), "recompressed into its own pool");
         e.stored = to;
-        e.pool = to_pool_id;
+        if let Some((pid, _)) = to_pool {
+            e.pool = pid;
+        }
+        let keeps = e.holds_pool() && e.pool == old.pool;
         drop(e);
-        self.get_ref(to_pool_id, to_pool);
+        if let Some((pid, p)) = to_pool {
+            self.get_ref(pid, p);
+        }
         if let Some(p) = self.pool(old.pool) {
             free_obj(p, &old);
         }
-        Ok(self.put_ref(old.pool))
+        Ok(if keeps { None } else { self.put_ref(old.pool) })
     }
 
     pub fn len(&self) -> usize {
