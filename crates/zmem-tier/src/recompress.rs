@@ -6,6 +6,7 @@
 //! with the entry's pool's compressor, wherever the entry came from, and
 //! writeback copies the new object as it is.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use zmem_compress::{CodecSpec, CompressError};
@@ -52,13 +53,13 @@ impl Tier {
         let to = self.recompress_pool(spec)?;
         let mut done = Recompressed::default();
         let shards = crate::tree::SHARDS;
-        let first = self.recompress_cursor.load(std::sync::atomic::Ordering::Relaxed);
+        let first = self.recompress_cursor.load(Ordering::Relaxed);
         let bs = to.compressor.batch_size().max(1);
         let mut page = vec![0u8; bs * PAGE_SIZE];
         let mut out = vec![0u8; bs * PAGE_SIZE];
         for s in (first..first + shards).map(|s| s % shards) {
             if done.moved >= nr {
-                self.recompress_cursor.store(s, std::sync::atomic::Ordering::Relaxed);
+                self.recompress_cursor.store(s, Ordering::Relaxed);
                 break;
             }
             // One shard at a time: every entry picked here is checked again
@@ -116,13 +117,7 @@ impl Tier {
         let mut ok = vec![true; n];
         let mut pages: Vec<&mut [u8]> = page.chunks_exact_mut(PAGE_SIZE).take(n).collect();
         for (i, p) in chunk.iter().enumerate() {
-            if p.obj.len() == PAGE_SIZE {
-                pages[i].copy_from_slice(&p.obj);
-                continue;
-            }
-            let mut r = [Ok(0)];
-            let whole = p.from.compressor.decompress_batch(&[&p.obj], std::slice::from_mut(&mut pages[i]), &mut r);
-            if whole.is_err() || !matches!(r[0], Ok(PAGE_SIZE)) {
+            if Self::expand(&p.from, p.key, &p.obj, pages[i]).is_err() {
                 inc(&self.counters.decompress_fail, 1);
                 ok[i] = false;
             }

@@ -38,7 +38,7 @@ impl Inner {
         let mut scanned_rss = 0;
         let mut swept_at = Instant::now();
         let mut shared_at = Instant::now();
-        let mut recompressed_at = Instant::now();
+        let (mut recompress, mut recompressed_at) = (self.cfg.recompress, Instant::now());
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
             rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -155,7 +155,7 @@ impl Inner {
             // recompression frees lets reclaim go on): the pool's cold
             // entries to the stronger compressor, a slice at a time
             // (`PagerConfig::recompress`).
-            if let Some(spec) = self.cfg.recompress {
+            if let Some(spec) = recompress {
                 let idle = self.usage() <= self.high() || self.soft.load(Ordering::Relaxed);
                 if idle && recompressed_at.elapsed() >= RECOMPRESS_INTERVAL && !frozen() {
                     recompressed_at = Instant::now();
@@ -167,7 +167,7 @@ impl Inner {
                         Ok(_) => {}
                         Err(e) => {
                             log::warn!("recompression with {spec} failed ({e}); it stops");
-                            recompressed_at += Duration::from_secs(86400 * 365);
+                            recompress = None;
                         }
                     }
                 }
