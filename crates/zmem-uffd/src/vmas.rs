@@ -68,13 +68,22 @@ impl Vma {
     }
 }
 
+/// `/proc/self/maps`, kept from the program's `close` family while it is
+/// open (`zmem_common::fds`): a program's `closefrom(3)` on another thread
+/// would otherwise close it under a scan (EBADF), and the program's next
+/// file could take its number, to be queried and closed by us.
+fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    Ok(zmem_common::fds::KeptFd::new(fd))
+}
+
 /// The process's writable mappings, in address order.
 ///
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
 pub fn writable_vmas() -> Result<Vec<Vma>, Errno> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = open_maps()?;
     match query_all(&fd) {
         Ok(v) => Ok(v),
         Err(Errno::NOTTY | Errno::INVAL) => {
@@ -134,8 +143,7 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
 pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = open_maps()?;
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.
