@@ -27,6 +27,15 @@ const PM_SWAP: u64 = 1 << 62;
 /// The page is mapped by this process only (its map count is one).
 const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
 
+/// What [`PageMap::shared_pages`] counts in a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedPages {
+    /// Present pages another process maps too (not the zero page).
+    pub shared: usize,
+    /// Present pages (not the zero page).
+    pub present: usize,
+}
+
 impl PageMap {
     /// # Errors
     /// opening `/proc/self/pagemap`.
@@ -44,23 +53,27 @@ impl PageMap {
         Ok(self.entries(addr, n)?.into_iter().map(|e| e & (PM_PRESENT | PM_SWAP) != 0).collect())
     }
 
-    /// Whether any of the `n` pages from `addr` is present and mapped by
-    /// another process too (a fork left it shared). One `pread`.
+    /// How many of the `n` pages from `addr` are present and mapped by
+    /// another process too (a fork left them shared), out of how many are
+    /// present. One `pread`, and a `PAGEMAP_SCAN` if any is not exclusive.
     ///
     /// # Errors
     /// As [`mapped`](Self::mapped).
-    /// The shared zero page (a read of a never-written page) is not
-    /// counted: it is mapped by everyone and costs nothing, and pagemap
+    /// The shared zero page (a read of a never-written page) counts in
+    /// neither: it is mapped by everyone and costs nothing, and pagemap
     /// shows it present and not exclusive, as a shared page.
-    pub fn any_shared(&self, addr: u64, n: usize) -> Result<bool, UffdError> {
+    pub fn shared_pages(&self, addr: u64, n: usize) -> Result<SharedPages, UffdError> {
         let e = self.entries(addr, n)?;
+        let present = e.iter().filter(|&&x| x & PM_PRESENT != 0).count();
         let candidates: Vec<usize> =
             (0..n).filter(|&i| e[i] & PM_PRESENT != 0 && e[i] & PM_MMAP_EXCLUSIVE == 0).collect();
         if candidates.is_empty() {
-            return Ok(false);
+            return Ok(SharedPages { shared: 0, present });
         }
         let zero = self.zero_pages(addr, n)?;
-        Ok(candidates.into_iter().any(|i| !zero[i]))
+        let zeros = (0..n).filter(|&i| zero[i] && e[i] & PM_PRESENT != 0).count();
+        let shared = candidates.into_iter().filter(|&i| !zero[i]).count();
+        Ok(SharedPages { shared, present: present - zeros })
     }
 
     /// Which of the `n` pages from `addr` map the shared zero page

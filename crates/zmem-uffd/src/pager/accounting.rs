@@ -12,9 +12,10 @@ use crate::mapping::PAGE_SIZE;
 
 impl Inner {
     pub(super) fn usage(&self) -> usize {
-        // Shared folios are charged to no one; the count may run a folio
-        // behind one that was dropped meanwhile, until the next look.
-        let shared = self.shared_folios.load(Ordering::Relaxed) * self.cfg.folio_size;
+        // Pages shared with another process are charged to no one (see
+        // `Lru::shared`); the count may run behind a folio dropped
+        // meanwhile, until the next look.
+        let shared = self.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE;
         self.resident_bytes().saturating_sub(shared)
             + self.held_bytes.load(Ordering::Relaxed)
             + self.tier.pool_total_size()

@@ -34,11 +34,13 @@ pub(super) struct Lru<T> {
     /// Folios whose pages would not move (mlocked): not looked at until
     /// `UNEVICTABLE_RESCAN` has passed.
     pub(super) unevictable: Vec<T>,
-    /// Folios with pages a fork left shared with another process: evicting
-    /// them would free nothing (the other process keeps the pages), so
-    /// they are neither evicted nor charged (`Inner::shared_folios`) until
-    /// a look (`SHARED_RESCAN`) finds them this process's own again.
-    pub(super) shared: Vec<T>,
+    /// Folios at least half of whose present pages a fork left shared with
+    /// another process, with how many are: evicting them would free little
+    /// (the other process keeps the pages), so they are not evicted, and
+    /// their shared pages are charged to no one (`Inner::shared_pages`:
+    /// with N forked workers, half to each would count a page N+1 halves),
+    /// until a look (`SHARED_RESCAN`) finds them mostly this process's own.
+    pub(super) shared: Vec<(T, usize)>,
 }
 
 impl<T> Default for Lru<T> {

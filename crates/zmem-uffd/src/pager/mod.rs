@@ -237,9 +237,9 @@ struct Inner {
     /// Scans adopt new mappings (`PagerConfig::adopt`), until
     /// [`Pager::stop_adopting`].
     adopting: AtomicBool,
-    /// Folios on the shared list (`Lru::shared`): resident, but charged to
-    /// no one while another process maps their pages too.
-    shared_folios: AtomicUsize,
+    /// Shared pages of the folios on the shared list (`Lru::shared`):
+    /// resident, but charged to no one while another process maps them too.
+    shared_pages: AtomicUsize,
     /// This process's slot in its tree's accounting (`PagerConfig::tree`).
     member: Option<crate::tree::Member>,
     /// The limit that applies now: `cfg.limit`, or this process's share of
@@ -393,7 +393,7 @@ impl Pager {
             frozen: AtomicBool::new(false),
             reclaim_gate: Mutex::new(()),
             forked: AtomicBool::new(false),
-            shared_folios: AtomicUsize::new(0),
+            shared_pages: AtomicUsize::new(0),
             adopting: AtomicBool::new(true),
             rescan_shared_now: AtomicBool::new(false),
             zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),

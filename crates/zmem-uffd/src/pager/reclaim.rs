@@ -13,7 +13,7 @@ use super::staging::Staging;
 use super::stats::inc;
 use super::{Folio, Held, Inner, Pass, RegionState};
 use crate::mapping::PAGE_SIZE;
-use crate::pagemap::WriteTracker;
+use crate::pagemap::{SharedPages, WriteTracker};
 use crate::sys::UffdError;
 
 /// How often idle reclaim recompresses, and at most how many pages each
@@ -373,25 +373,31 @@ impl Inner {
         self.lru_add(st, f);
     }
 
-    /// Puts folio `f` on the shared list if another process maps some of
-    /// its pages (see `Lru::shared`). Returns whether it did.
+    /// Puts folio `f` on the shared list if another process maps at least
+    /// half of its present pages (see `Lru::shared`). Returns whether it
+    /// did. A folio with fewer shared pages is evicted: its few shared
+    /// pages are copied first (`make_exclusive`), and the rest is freed.
     fn park_if_shared(&self, st: &Arc<RegionState>, f: usize, staging: &Staging) -> bool {
         let fs = self.cfg.folio_size;
         let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
-        if staging.any_shared(src, fs / PAGE_SIZE) != Some(true) {
+        let Some(SharedPages { shared, present }) = staging.shared_pages(src, fs / PAGE_SIZE) else {
+            return false;
+        };
+        if shared == 0 || shared * 2 < present {
             return false;
         }
         st.queued[f].store(true, Ordering::Release);
-        self.lru.lock_ok().shared.push((Arc::clone(st), f));
+        self.lru.lock_ok().shared.push(((Arc::clone(st), f), shared));
         self.lru_len.fetch_add(1, Ordering::Relaxed);
-        self.shared_folios.fetch_add(1, Ordering::Relaxed);
+        self.shared_pages.fetch_add(shared, Ordering::Relaxed);
         inc(&self.counters.shared_parks);
         true
     }
 
     /// Looks at the shared folios again: those that are this process's own
-    /// now (the other process wrote, evicted or exited), or no longer
-    /// resident, go back on the inactive list and are charged again.
+    /// now (the other process wrote, evicted or exited), or mostly so, or
+    /// no longer resident, go back on the inactive list and are charged in
+    /// full again.
     pub(super) fn rescan_shared(&self, staging: &Staging) {
         let list = std::mem::take(&mut self.lru.lock_ok().shared);
         if list.is_empty() {
@@ -399,17 +405,24 @@ impl Inner {
         }
         let fs = self.cfg.folio_size;
         let (mut still, mut back) = (Vec::new(), Vec::new());
-        for (st, f) in list {
+        let (mut was, mut now) = (0, 0);
+        for ((st, f), n) in list {
+            was += n;
             let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
             let resident = st.folio(f) == Folio::Resident && !st.in_hole(f * fs);
-            if resident && staging.any_shared(src, fs / PAGE_SIZE) == Some(true) {
-                still.push((st, f));
-            } else {
-                back.push((st, f));
+            let look = if resident { staging.shared_pages(src, fs / PAGE_SIZE) } else { None };
+            match look {
+                Some(SharedPages { shared, present }) if shared > 0 && shared * 2 >= present => {
+                    now += shared;
+                    still.push(((st, f), shared));
+                }
+                _ => back.push((st, f)),
             }
         }
         let mut lru = self.lru.lock_ok();
-        self.shared_folios.fetch_sub(back.len(), Ordering::Relaxed);
+        // Under the list's lock, as `park_if_shared` adds.
+        self.shared_pages.fetch_add(now, Ordering::Relaxed);
+        self.shared_pages.fetch_sub(was, Ordering::Relaxed);
         lru.shared.extend(still);
         lru.inactive.extend(back);
     }

@@ -6,7 +6,7 @@
 //! serve, and reclaim may hold a lock the handler waits for.
 
 use crate::mapping::{Mapping, PAGE_SIZE};
-use crate::pagemap::PageMap;
+use crate::pagemap::{PageMap, SharedPages};
 use crate::sys::{RegisterMode, Uffd, UffdError};
 
 #[derive(Debug)]
@@ -40,8 +40,8 @@ impl Staging {
     /// `None` if the page tables cannot be read.
     /// Whether any of the `n` pages from `addr` is shared with another
     /// process; `None` if the page tables cannot be read.
-    pub(super) fn any_shared(&self, addr: u64, n: usize) -> Option<bool> {
-        self.pagemap.as_ref()?.any_shared(addr, n).map_err(|e| log::warn!("{e}")).ok()
+    pub(super) fn shared_pages(&self, addr: u64, n: usize) -> Option<SharedPages> {
+        self.pagemap.as_ref()?.shared_pages(addr, n).map_err(|e| log::warn!("{e}")).ok()
     }
 
     pub(super) fn mapped(&self, addr: u64, n: usize) -> Option<Vec<bool>> {

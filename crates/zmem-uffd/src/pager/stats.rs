@@ -82,10 +82,11 @@ pub struct PagerStats {
     pub write_scans: u64,
     /// Folios found written, which CLOCK then passes over once.
     pub written_folios: u64,
-    /// Folios found shared with another process (a fork) and set aside,
-    /// neither evicted nor charged, until they are this process's own again.
+    /// Folios found mostly shared with another process (a fork) and set
+    /// aside, not evicted and their shared pages charged to no one, until they
+    /// are mostly this process's own again.
     pub shared_parks: u64,
-    /// Resident bytes set aside so now.
+    /// Bytes of shared pages in the folios set aside now.
     pub shared_bytes: u64,
     /// Bytes mapped in resident folios (pages a partial load left in the
     /// tier not counted).
@@ -203,7 +204,7 @@ impl Pager {
             fork_imported_pages: r(&c.fork_imported_pages),
             cow_breaks: r(&c.cow_breaks),
             shared_parks: r(&c.shared_parks),
-            shared_bytes: (self.inner.shared_folios.load(Ordering::Relaxed) * self.inner.cfg.folio_size) as u64,
+            shared_bytes: (self.inner.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             mapping_scans: r(&c.mapping_scans),
             adopted_regions: r(&c.adopted_regions),
             adopted_bytes: r(&c.adopted_bytes),
