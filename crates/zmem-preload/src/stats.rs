@@ -87,6 +87,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "evicted_folios": p.evicted_folios,
             "eviction_rejects": p.eviction_rejects,
             "eviction_waits": p.eviction_waits,
+            "workingset_refaults": p.workingset_refaults,
             "direct_reclaim_waits": p.direct_reclaim_waits,
             "limit_soft_events": p.limit_soft_events,
             "limit_soft": p.limit_soft,

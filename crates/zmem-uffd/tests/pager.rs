@@ -1131,3 +1131,38 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
     let s = p.stats();
     assert_eq!((s.swapped_bytes, s.resident_bytes), (0, 0), "{s:?}");
 }
+
+/// A folio only read is invisible to write tracking, so reclaim takes it
+/// for cold; loaded back soon after its eviction (fewer folios evicted
+/// since than are resident), it counts as a workingset refault and is
+/// kept a few looks longer. A hot set is read over and over while writes
+/// stream through the rest: refaults are counted, and every page reads
+/// back as last written.
+#[test]
+fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
+    let _wd = watchdog("refault", 120);
+    let p = Pager::new(PagerConfig { read_ahead: 0, ..PagerConfig::with_limit(4 << 20) }).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    let mut want = vec![1u32; pages];
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    let hot = 32; // 8 folios of 64 KiB
+    let mut cold = hot;
+    let mut bad = 0;
+    for round in 0..40u32 {
+        bad += (0..hot).map(|pg| check_page(&r, pg, want[pg])).sum::<usize>();
+        // 1 MiB of writes through the cold part.
+        for _ in 0..256 {
+            want[cold] = 2 + round;
+            write_page(&r, cold, want[cold]);
+            cold = if cold + 1 == pages { hot } else { cold + 1 };
+        }
+    }
+    assert_eq!(bad, 0, "{:?}", p.stats());
+    let s = p.stats();
+    assert!(s.workingset_refaults > 0, "{s:?}");
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, want[pg])).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+}

@@ -67,6 +67,10 @@ const STREAMS: usize = 4;
 /// folios and reads ahead (2: at once; 3 took sqlite 31 s, 4 took 9.4 s).
 const CONFIRM: u32 = 4;
 
+/// The most looks a folio that refaults soon after its eviction may pass
+/// as accessed (`Inner::note_refault`).
+const REFAULT_PROTECT: u8 = 3;
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Stream {
     region: u32,
@@ -668,6 +672,9 @@ impl Inner {
             st.poisoned[f].store(true, Ordering::Relaxed);
         }
         if evicted {
+            if why == Load::Fault {
+                self.note_refault(st, f);
+            }
             self.became_resident_on(st, f, why == Load::Walk);
             if let Some(m) = want {
                 // What was not loaded stays in the tier: the pages whose
@@ -924,6 +931,19 @@ impl Inner {
 
     /// [`Inner::became_resident`], onto the once list with `once` (see
     /// `Lru::once`).
+    /// A fault loads Evicted folio `f` back: if fewer folios were evicted
+    /// since it went than are resident now, a little more room would have
+    /// kept it (mm/workingset.c's refault distance), so it is in use and
+    /// earns looks it passes as accessed (`RegionState::protect`).
+    fn note_refault(&self, st: &RegionState, f: usize) {
+        let distance = self.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
+        if (distance as usize) < self.resident.load(Ordering::Relaxed) {
+            let p = st.protect[f].load(Ordering::Relaxed);
+            st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);
+            inc(&self.counters.workingset_refaults);
+        }
+    }
+
     fn became_resident_on(&self, st: &Arc<RegionState>, f: usize, once: bool) {
         st.set_folio(f, Folio::Resident);
         // With write tracking, loaded pages are mapped write-protected and

@@ -205,6 +205,9 @@ impl Inner {
             }
             if referenced || written {
                 Look::Accessed
+            } else if st.protect[*f].load(Ordering::Relaxed) > 0 {
+                st.protect[*f].fetch_sub(1, Ordering::Relaxed);
+                Look::Accessed
             } else {
                 Look::Cold
             }

@@ -240,6 +240,9 @@ struct Inner {
     /// Shared pages of the folios on the shared list (`Lru::shared`):
     /// resident, but charged to no one while another process maps them too.
     shared_pages: AtomicUsize,
+    /// Folios evicted so far (wrapping): the clock of refault distances
+    /// (`RegionState::evicted_at`).
+    evict_clock: AtomicU32,
     /// This process's slot in its tree's accounting (`PagerConfig::tree`).
     member: Option<crate::tree::Member>,
     /// The limit that applies now: `cfg.limit`, or this process's share of
@@ -394,6 +397,7 @@ impl Pager {
             reclaim_gate: Mutex::new(()),
             forked: AtomicBool::new(false),
             shared_pages: AtomicUsize::new(0),
+            evict_clock: AtomicU32::new(0),
             adopting: AtomicBool::new(true),
             rescan_shared_now: AtomicBool::new(false),
             zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),

@@ -326,6 +326,7 @@ impl Inner {
                 if ok {
                     inc(&self.counters.evicted_folios);
                     pass.evicted += 1;
+                    st.evicted_at[*f].store(self.evict_clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
                 } else {
                     // Keep the pages as they are (what was stored goes;
                     // pages left in the tier by a partial load stay there).

@@ -1,7 +1,7 @@
 //! Regions: managed memory handed out by [`Pager::map`], and their folio
 //! tables.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use zmem_common::{unpoison, LockExt, RwLockExt};
 
@@ -56,11 +56,19 @@ pub(super) struct RegionState {
     /// written under the folio's stripe lock, through `Inner::set_swapped`
     /// and `Inner::clear_swapped`, which keep `Inner::swapped_pages`.
     pub(super) swapped: Box<[AtomicU64]>,
+    /// `Inner::evict_clock` when the folio was last evicted: a fault that
+    /// loads it back soon after (a refault distance under the resident
+    /// folios, as mm/workingset.c measures it) shows it is in use.
+    pub(super) evicted_at: Box<[AtomicU32]>,
+    /// Looks the folio may still pass as accessed though nothing was seen
+    /// (`Lru::isolate`): reads of a resident page are invisible here, so a
+    /// folio that came back soon after its eviction earns a few.
+    pub(super) protect: Box<[AtomicU8]>,
 }
 
 /// Bytes of folio table per folio: state, referenced, queued, cached,
-/// poisoned (one each) and swapped (8).
-pub(super) const FOLIO_TABLE_BYTES: usize = 13;
+/// poisoned, protect (one each), evicted_at (4) and swapped (8).
+pub(super) const FOLIO_TABLE_BYTES: usize = 18;
 
 impl RegionState {
     /// The tier key of page `page` of this region.
@@ -389,6 +397,8 @@ impl Inner {
             cached: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             poisoned: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             swapped: (0..nf).map(|_| AtomicU64::new(0)).collect(),
+            evicted_at: (0..nf).map(|_| AtomicU32::new(0)).collect(),
+            protect: (0..nf).map(|_| AtomicU8::new(0)).collect(),
         })
     }
 }

@@ -17,6 +17,10 @@ pub struct PagerStats {
     pub dropped_page_faults: u64,
     /// Faults that waited for an eviction to finish.
     pub eviction_waits: u64,
+    /// Faults that loaded a folio back soon after its eviction (a refault
+    /// distance under the resident folios): it earns looks it passes as
+    /// accessed.
+    pub workingset_refaults: u64,
     /// Faults outside every region (a region being dropped, or zmem
     /// touching its own staging: a bug), answered with a zero page.
     pub stray_faults: u64,
@@ -130,6 +134,7 @@ pub(super) struct Counters {
     pub(super) load_faults: AtomicU64,
     pub(super) dropped_page_faults: AtomicU64,
     pub(super) eviction_waits: AtomicU64,
+    pub(super) workingset_refaults: AtomicU64,
     pub(super) stray_faults: AtomicU64,
     pub(super) evicted_folios: AtomicU64,
     pub(super) eviction_rejects: AtomicU64,
@@ -188,6 +193,7 @@ impl Pager {
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
+            workingset_refaults: r(&c.workingset_refaults),
             stray_faults: r(&c.stray_faults),
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
