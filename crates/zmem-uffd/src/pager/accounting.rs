@@ -50,13 +50,19 @@ impl Inner {
     /// left to evict, no store would come to write it back.
     pub(super) fn refresh_limit(&self) {
         if let Some(m) = &self.member {
-            let floor = 4 * self.cfg.folio_size * self.cfg.batch_folios();
+            let floor = self.share_floor();
             let share = m.publish(self.usage(), floor);
             let old = self.limit_now.swap(share, Ordering::Relaxed);
             if share != old && self.cfg.tier.max_pool_bytes.is_none() {
                 self.tier.set_max_pool_bytes(share / 100 * self.cfg.tier.max_pool_percent as usize);
             }
         }
+    }
+
+    /// The smallest share of a tree's limit a process gets: four reclaim
+    /// batches.
+    pub(super) fn share_floor(&self) -> usize {
+        4 * self.cfg.folio_size * self.cfg.batch_folios()
     }
 
     pub(super) fn high(&self) -> usize {

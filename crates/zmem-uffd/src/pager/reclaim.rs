@@ -135,17 +135,21 @@ impl Inner {
                         retry_at = Instant::now() + backoff;
                         if !self.soft.swap(true, Ordering::Relaxed) {
                             inc(&self.counters.limit_soft_events);
-                            if !warned {
-                                warned = true;
-                                log::warn!(
-                                    "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
-                                     nothing more can be evicted ({}); the limit is soft until reclaim succeeds again",
-                                    self.usage() >> 20,
-                                    self.low() >> 20,
-                                    self.limit() >> 20,
-                                    self.stuck_reason(&pass)
-                                );
-                            }
+                            // A tree member squeezed to the smallest share
+                            // (the others hold the rest of the limit: a
+                            // forked worker beside its parent) is no news.
+                            let floor = self.member.is_some() && self.limit() <= self.share_floor();
+                            let level = if warned || floor { log::Level::Info } else { log::Level::Warn };
+                            warned |= !floor;
+                            log::log!(
+                                level,
+                                "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
+                                 nothing more can be evicted ({}); the limit is soft until reclaim succeeds again",
+                                self.usage() >> 20,
+                                self.low() >> 20,
+                                self.limit() >> 20,
+                                self.stuck_reason(&pass)
+                            );
                         }
                     }
                     break;
