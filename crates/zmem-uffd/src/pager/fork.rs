@@ -69,9 +69,15 @@ impl Pager {
         let mut fds = [0; zmem_common::fds::SLOTS];
         let n = zmem_common::fds::take_all(&mut fds);
         for &fd in &fds[..n] {
-            // SAFETY: fd is open and owned by this pager, which (the
-            // caller's contract) never uses or closes it again.
-            unsafe { rustix::io::close(fd) };
+            // The result is not looked at: a descriptor the parent's reclaim
+            // thread opened and kept while the fork ran (`/proc/self/maps`,
+            // for a scan) may be in the table without being in the child,
+            // since the kernel copies the descriptor table before memory.
+            // That close is EBADF, and rustix's close would assert on it.
+            // SAFETY: fd is owned by this pager, which (the caller's
+            // contract) never uses or closes it again; if the number is not
+            // open, close(2) does nothing.
+            unsafe { libc::close(fd) };
         }
     }
 
