@@ -36,6 +36,14 @@ pub struct SharedPages {
     pub present: usize,
 }
 
+impl SharedPages {
+    /// At least half of the present pages are shared: evicting them would
+    /// free little (the other process keeps them).
+    pub fn mostly_shared(&self) -> bool {
+        self.shared > 0 && self.shared * 2 >= self.present
+    }
+}
+
 impl PageMap {
     /// # Errors
     /// opening `/proc/self/pagemap`.

@@ -139,17 +139,19 @@ impl Inner {
                             // (the others hold the rest of the limit: a
                             // forked worker beside its parent) is no news.
                             let floor = self.member.is_some() && self.limit() <= self.share_floor();
-                            let level = if warned || floor { log::Level::Info } else { log::Level::Warn };
-                            warned |= !floor;
-                            log::log!(
-                                level,
-                                "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
-                                 nothing more can be evicted ({}); the limit is soft until reclaim succeeds again",
-                                self.usage() >> 20,
-                                self.low() >> 20,
-                                self.limit() >> 20,
-                                self.stuck_reason(&pass)
-                            );
+                            if !warned {
+                                warned = !floor;
+                                let level = if floor { log::Level::Info } else { log::Level::Warn };
+                                log::log!(
+                                    level,
+                                    "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
+                                     nothing more can be evicted ({}); the limit is soft until reclaim succeeds again",
+                                    self.usage() >> 20,
+                                    self.low() >> 20,
+                                    self.limit() >> 20,
+                                    self.stuck_reason(&pass)
+                                );
+                            }
                         }
                     }
                     break;
@@ -385,12 +387,11 @@ impl Inner {
     fn park_if_shared(&self, st: &Arc<RegionState>, f: usize, staging: &Staging) -> bool {
         let fs = self.cfg.folio_size;
         let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
-        let Some(SharedPages { shared, present }) = staging.shared_pages(src, fs / PAGE_SIZE) else {
+        let Some(SharedPages { shared, .. }) =
+            staging.shared_pages(src, fs / PAGE_SIZE).filter(SharedPages::mostly_shared)
+        else {
             return false;
         };
-        if shared == 0 || shared * 2 < present {
-            return false;
-        }
         st.queued[f].store(true, Ordering::Release);
         self.lru.lock_ok().shared.push(((Arc::clone(st), f), shared));
         self.lru_len.fetch_add(1, Ordering::Relaxed);
@@ -416,12 +417,12 @@ impl Inner {
             let src = st.start.load(Ordering::Acquire) + (f * fs) as u64;
             let resident = st.folio(f) == Folio::Resident && !st.in_hole(f * fs);
             let look = if resident { staging.shared_pages(src, fs / PAGE_SIZE) } else { None };
-            match look {
-                Some(SharedPages { shared, present }) if shared > 0 && shared * 2 >= present => {
+            match look.filter(SharedPages::mostly_shared) {
+                Some(SharedPages { shared, .. }) => {
                     now += shared;
                     still.push(((st, f), shared));
                 }
-                _ => back.push((st, f)),
+                None => back.push((st, f)),
             }
         }
         let mut lru = self.lru.lock_ok();
