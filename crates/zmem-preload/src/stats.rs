@@ -78,6 +78,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
         "pager": {
             "usage_bytes": p.usage_bytes,
             "limit_bytes": p.limit_bytes,
+            "max_pool_percent": p.max_pool_percent,
             "resident_bytes": p.resident_bytes,
             "metadata_bytes": p.metadata_bytes,
             "managed_bytes": p.managed_bytes,

@@ -115,6 +115,9 @@ struct Slots {
     sums: Vec<u32>,
     /// Live objects in each slot, by slot number (1 for a raw page).
     refs: Vec<u16>,
+    /// `objects_written` when each slot was written (wrapping), by slot
+    /// number: [`SwapFile::writeback_distance`].
+    written_at: Vec<u32>,
 }
 
 /// A swap file of 4 KiB slots.
@@ -293,7 +296,12 @@ impl SwapFile {
         let max_slots = (cfg.max_bytes / PAGE_SIZE as u64).min(u64::from(u32::MAX)) as u32;
         Ok(SwapFile {
             file,
-            slots: Mutex::new(Slots { map: SlotMap::new(max_slots), sums: Vec::new(), refs: Vec::new() }),
+            slots: Mutex::new(Slots {
+                map: SlotMap::new(max_slots),
+                sums: Vec::new(),
+                refs: Vec::new(),
+                written_at: Vec::new(),
+            }),
             crypt,
             mempool,
             max_bytes: cfg.max_bytes,
@@ -371,14 +379,17 @@ impl SwapFile {
         }
         match self.write_slots(pages, &slots) {
             Ok(sums) => {
+                let now = self.objects_written.load(Ordering::Relaxed) as u32;
                 let mut g = self.lock();
                 for ((&s, sum), &n) in slots.iter().zip(sums).zip(refs) {
                     if g.sums.len() <= s as usize {
                         g.sums.resize(s as usize + 1, 0);
                         g.refs.resize(s as usize + 1, 0);
+                        g.written_at.resize(s as usize + 1, 0);
                     }
                     g.sums[s as usize] = sum;
                     g.refs[s as usize] = n;
+                    g.written_at[s as usize] = now;
                 }
                 Ok(slots)
             }
@@ -626,6 +637,15 @@ impl SwapFile {
         Ok(())
     }
 
+    /// Objects written since `slot` was (wrapping at 2^32): how far back in
+    /// the writeback stream it lies, as the refault distance of
+    /// mm/workingset.c is counted in evictions.
+    pub fn writeback_distance(&self, slot: Slot) -> u64 {
+        let now = self.objects_written.load(Ordering::Relaxed) as u32;
+        let g = self.lock();
+        u64::from(now.wrapping_sub(g.written_at.get(slot as usize).copied().unwrap_or(now)))
+    }
+
     /// Reads objects back: `reqs[i]` is (slot, offset, destination), and
     /// the destination's length is the object's. Each slot is read,
     /// decrypted and checked once, however many of its objects are asked
@@ -691,10 +711,14 @@ impl SwapFile {
         cached_pages(&self.file, len).map(|p| p * PAGE_SIZE as u64)
     }
 
-    /// Bytes of in-memory bookkeeping (the checksum table and slot bitmap).
+    /// Bytes of in-memory bookkeeping (the checksum and write-clock tables,
+    /// the slot bitmap).
     pub fn metadata_bytes(&self) -> usize {
         let g = self.lock();
-        g.sums.capacity() * 4 + g.refs.capacity() * 2 + (g.map.nr_slots() as usize).div_ceil(8)
+        g.sums.capacity() * 4
+            + g.refs.capacity() * 2
+            + g.written_at.capacity() * 4
+            + (g.map.nr_slots() as usize).div_ceil(8)
     }
 
     /// Fault injection (`zmem bench soak`, tests): the next `n` writes fail

@@ -133,6 +133,10 @@ pub struct Tier {
     /// changed by [`Tier::set_max_pool_bytes`].
     max_bytes: AtomicUsize,
     accept_bytes: AtomicUsize,
+    /// A load from the swap file is a `swap_refaults` when it lies fewer
+    /// pages back in the writeback stream than this; 0: than the pool
+    /// holds entries.
+    refault_window: AtomicU64,
     shrink_lock: Mutex<Vec<u8>>,
     /// Where [`Tier::recompress`] moves entries, and with which codec.
     recompress_to: Mutex<Option<(CodecSpec, Weak<Pool>)>>,
@@ -193,6 +197,7 @@ impl Tier {
             full: AtomicBool::new(false),
             max_bytes: AtomicUsize::new(max_bytes),
             accept_bytes: AtomicUsize::new(accept_bytes),
+            refault_window: AtomicU64::new(0),
             shrink_lock: Mutex::new(Vec::new()),
             recompress_to: Mutex::new(None),
             recompress_cursor: AtomicUsize::new(0),
@@ -225,6 +230,14 @@ impl Tier {
         let max = bytes.max(PAGE_SIZE);
         self.max_bytes.store(max, Ordering::Relaxed);
         self.accept_bytes.store(max / 100 * self.cfg.accept_threshold_percent as usize, Ordering::Relaxed);
+    }
+
+    /// How far back in the writeback stream (in pages written back) a load
+    /// from the swap file counts as a `swap_refaults`: those a pool that
+    /// many entries larger would have kept. 0 (the default): as many as
+    /// the pool holds, a pool twice as large.
+    pub fn set_swap_refault_window(&self, pages: u64) {
+        self.refault_window.store(pages, Ordering::Relaxed);
     }
 
     /// Writes back (and, without writeback, drops clean copies) until the
@@ -384,6 +397,8 @@ impl Tier {
             cached_dropped: r(&c.cached_dropped),
             recompressed_pages: r(&c.recompressed_pages),
             zswpin: r(&c.zswpin),
+            pswpin: r(&c.pswpin),
+            swap_refaults: r(&c.swap_refaults),
             zswpwb: r(&c.written_back_pages),
             swap_pages: r(&c.swap_pages),
             swap_slots: self.swap.as_ref().map_or(0, |s| s.stats().slots_in_use),

@@ -62,6 +62,21 @@ impl Tier {
         }
     }
 
+    /// Counts a page read back from the swap file's `slot` (`pswpin`), and
+    /// whether a somewhat larger pool would have held it (`swap_refaults`,
+    /// see [`Tier::set_swap_refault_window`]).
+    fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slot: zmem_swapfile::Slot) {
+        use std::sync::atomic::Ordering::Relaxed;
+        inc(&self.counters.pswpin, 1);
+        let window = match self.refault_window.load(Relaxed) {
+            0 => self.counters.stored_pages.load(Relaxed),
+            w => w,
+        };
+        if sf.writeback_distance(slot) < window {
+            inc(&self.counters.swap_refaults, 1);
+        }
+    }
+
     /// Reads a written-back entry's object from the swap file into `dst`
     /// and expands it (the caller holds the entry's shard).
     fn load_from_swap(&self, shard: &Shard<Arc<Pool>>, key: u64, e: &Entry, dst: &mut [u8]) -> Result<(), TierError> {
@@ -71,6 +86,7 @@ impl Tier {
         let obj = &mut obj[..usize::from(len)];
         let r = sf.read_objs(&mut [(slot, off, &mut *obj)]).pop().expect("one result per request");
         r.map_err(|source| TierError::Swap { key, source })?;
+        self.swapped_in(sf, slot);
         if obj.len() == PAGE_SIZE {
             dst.copy_from_slice(obj);
             return Ok(());
@@ -203,10 +219,12 @@ impl Tier {
                 base = at + len;
                 reqs.push((slot, off, obj));
             }
-            for (&(.., t), res) in reads.iter().zip(sf.read_objs(&mut reqs)) {
+            for (&(slot, .., t), res) in reads.iter().zip(sf.read_objs(&mut reqs)) {
                 if let Err(source) = res {
                     let page = taken[t].page;
                     failed[page] = Some(TierError::Swap { key: key.wrapping_add(page as u64), source });
+                } else {
+                    self.swapped_in(sf, slot);
                 }
             }
         }

@@ -22,6 +22,8 @@ pub(crate) struct Counters {
     pub decompress_fail: AtomicU64,
     pub zswpout: AtomicU64,
     pub zswpin: AtomicU64,
+    pub pswpin: AtomicU64,
+    pub swap_refaults: AtomicU64,
     pub cached_pages: AtomicU64,
     pub cached_reused: AtomicU64,
     pub cached_dropped: AtomicU64,
@@ -57,6 +59,14 @@ pub struct TierStats {
     pub decompress_fail: u64,
     pub zswpout: u64,
     pub zswpin: u64,
+    /// Pages loaded from the swap file (vmstat's `pswpin`): misses a
+    /// larger pool would have served.
+    pub pswpin: u64,
+    /// Of those, pages written back recently enough that a somewhat larger
+    /// pool would have kept them (`Tier::set_swap_refault_window`; by
+    /// default, a pool twice as large): the refault distance of
+    /// mm/workingset.c, counted in pages written back.
+    pub swap_refaults: u64,
     pub zswpwb: u64,
     /// Pages now in the swap file (entries: several share a slot).
     pub swap_pages: u64,
@@ -98,6 +108,8 @@ const HELP: &[(&str, &str, &str)] = &[
     ("decompress_fail", "counter", "Loads that failed to decompress or failed their checksum"),
     ("zswpout", "counter", "Pages stored"),
     ("zswpin", "counter", "Pages loaded"),
+    ("pswpin", "counter", "Pages loaded from the swap file"),
+    ("swap_refaults", "counter", "Pages loaded from the swap file that a somewhat larger pool would have kept"),
     ("zswpwb", "counter", "Pages written back"),
     ("swap_pages", "gauge", "Pages in the swap file"),
     ("swap_slots", "gauge", "4 KiB slots of the swap file in use"),

@@ -199,6 +199,7 @@ fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
         assert!(matches!(t.store(k, corpus().page(k as usize)).unwrap(), StoreOutcome::Stored { .. }));
     }
     let s = t.stats();
+    let before = s;
     assert!(s.written_back_pages > 0 && s.swap_pages > 0, "{s:?}");
     assert!(s.pool_total_size as usize <= limit + 16 * PAGE_SIZE, "{s:?}");
     assert!(t.swap_file().unwrap().encrypted());
@@ -211,11 +212,21 @@ fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
     // old pool stays for them).
     t.set_compressor("zstd:1".parse().unwrap()).unwrap();
     assert_eq!(t.stats().pools, 2);
-    for k in 0..n {
+    // The first page written back lies further back in the writeback
+    // stream than the pool holds entries: a pool twice as large would not
+    // have kept it.
+    assert!(load(&t, 0).unwrap() == corpus().page(0));
+    let first = t.stats();
+    assert_eq!((first.pswpin, first.swap_refaults), (1, 0), "{first:?}");
+    for k in 1..n {
         assert!(load(&t, k).unwrap() == corpus().page(k as usize), "key {k}");
     }
     let s = t.stats();
     assert_eq!((s.swap_pages, s.swap_slots, s.pools), (0, 0, 1), "{s:?}");
+    // Every page that was in the file was read from it; the last ones
+    // written back are swap refaults.
+    assert_eq!(s.pswpin, before.swap_pages, "{s:?}");
+    assert!(s.swap_refaults > 0 && s.swap_refaults < s.pswpin, "{s:?}");
     assert_eq!(t.shrinker().count(), 0);
 }
 

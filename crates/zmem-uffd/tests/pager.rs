@@ -1166,3 +1166,48 @@ fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
     let bad: usize = (0..pages).map(|pg| check_page(&r, pg, want[pg])).sum();
     assert_eq!(bad, 0, "{:?}", p.stats());
 }
+
+/// With the pool's share balancing: uniform random reads over half as much
+/// again as the limit. The pool (half the limit) fills and writes back;
+/// pages come back from the swap file soon after their writeback, while
+/// refaults within a step of resident pages are rare (a random page's
+/// refault distance is most of what is resident). So the share moves
+/// towards the pool, which holds about twice what the same bytes of
+/// resident pages do, and every page reads back as written across the
+/// pool's changing limit.
+#[test]
+fn swap_refaults_move_the_pools_share_up_and_every_page_reads_back() {
+    let _wd = watchdog("balance", 120);
+    let p = Pager::new(PagerConfig {
+        read_ahead: 0,
+        pool_balance: Some((20, 80)),
+        tier: TierConfig { memory_budget: 16 << 20, max_pool_percent: 50, ..TierConfig::default() },
+        ..PagerConfig::with_limit(16 << 20)
+    })
+    .unwrap();
+    let r = p.map(24 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, pg as u32 + 1);
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bad = 0;
+    let t = std::time::Instant::now();
+    while p.stats().max_pool_percent == 50 && t.elapsed() < Duration::from_secs(30) {
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pg = (x % pages as u64) as usize;
+            bad += check_page(&r, pg, pg as u32 + 1);
+        }
+    }
+    let s = p.stats();
+    let ts = p.tier().stats();
+    assert_eq!(bad, 0, "{s:?}");
+    assert!(s.max_pool_percent > 50, "{s:?} {ts:?}");
+    assert!(ts.swap_refaults > 0 && ts.swap_refaults <= ts.pswpin, "{ts:?}");
+    assert_eq!(p.tier().max_pool_bytes(), (16 << 20) / 100 * s.max_pool_percent as usize);
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, pg as u32 + 1)).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+}

@@ -44,8 +44,8 @@ impl Inner {
     /// share of the tree's limit as its own (see `crate::tree`). The floor
     /// is the smallest limit a pager accepts.
     ///
-    /// The pool's limit follows the share (`max_pool_percent` of it, as of
-    /// a process's own limit): with the tree's whole limit as its bound,
+    /// The pool's limit follows the share (`pool_percent` of it, as of a
+    /// process's own limit): with the tree's whole limit as its bound,
     /// each process's pool could grow past its share, and with nothing
     /// left to evict, no store would come to write it back.
     pub(super) fn refresh_limit(&self) {
@@ -53,8 +53,8 @@ impl Inner {
             let floor = self.share_floor();
             let share = m.publish(self.usage(), floor);
             let old = self.limit_now.swap(share, Ordering::Relaxed);
-            if share != old && self.cfg.tier.max_pool_bytes.is_none() {
-                self.tier.set_max_pool_bytes(share / 100 * self.cfg.tier.max_pool_percent as usize);
+            if share != old {
+                self.apply_pool_share();
             }
         }
     }

@@ -95,6 +95,12 @@ pub struct PagerConfig {
     /// Loads from the stronger codec's pool are slower (zstd:1 ~3x lz4's
     /// time: `zmem bench tier`). `None`: off.
     pub recompress: Option<zmem_tier::CodecSpec>,
+    /// Let the pool's share of the limit move between these percents (min,
+    /// max), starting at `tier.max_pool_percent`: towards the pool while
+    /// loads from the swap file outnumber refaults, towards resident pages
+    /// while refaults do (`balance.rs`). `None`: the share stays fixed.
+    /// Ignored when `tier.max_pool_bytes` fixes the pool's limit.
+    pub pool_balance: Option<(u32, u32)>,
     /// The most bytes a sequential fault loads ahead (the window doubles
     /// up to this, rounded down to folios); 0 turns read-ahead off.
     pub read_ahead: usize,
@@ -189,6 +195,7 @@ impl PagerConfig {
             tree: None,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
             recompress: None,
+            pool_balance: None,
             read_ahead: defaults::READ_AHEAD_BYTES,
             fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,

@@ -942,6 +942,9 @@ impl Inner {
             st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);
             inc(&self.counters.workingset_refaults);
         }
+        if (distance as usize) < self.balance_step_folios() {
+            self.balance_refaults.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn became_resident_on(&self, st: &Arc<RegionState>, f: usize, once: bool) {

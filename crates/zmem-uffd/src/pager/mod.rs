@@ -13,6 +13,7 @@
 //! | `lru.rs` | the active, inactive, once and unevictable lists; `isolate_folios` |
 //! | `reclaim.rs` | the reclaim thread: isolate, MOVE out, store, finish or hold |
 //! | `accounting.rs` | usage, watermarks, the fault throttle |
+//! | `balance.rs` | the pool's share of the limit, moved by what misses cost |
 //! | `stats.rs`, `config.rs` | counters; settings and errors |
 //!
 //! # Folio states (`Folio`)
@@ -101,6 +102,7 @@
 
 mod accounting;
 mod adopt;
+mod balance;
 mod config;
 mod events;
 mod fault;
@@ -113,7 +115,7 @@ mod staging;
 mod stats;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -243,6 +245,12 @@ struct Inner {
     /// Folios evicted so far (wrapping): the clock of refault distances
     /// (`RegionState::evicted_at`).
     evict_clock: AtomicU32,
+    /// The pool's share of the limit, percent: `cfg.tier.max_pool_percent`,
+    /// moved by `balance_pool` when `cfg.pool_balance` is on.
+    pool_percent: AtomicU32,
+    /// Refaults that a resident set one balance step larger would have
+    /// saved (`balance.rs`).
+    balance_refaults: AtomicU64,
     /// This process's slot in its tree's accounting (`PagerConfig::tree`).
     member: Option<crate::tree::Member>,
     /// The limit that applies now: `cfg.limit`, or this process's share of
@@ -398,6 +406,8 @@ impl Pager {
             forked: AtomicBool::new(false),
             shared_pages: AtomicUsize::new(0),
             evict_clock: AtomicU32::new(0),
+            pool_percent: AtomicU32::new(cfg.tier.max_pool_percent),
+            balance_refaults: AtomicU64::new(0),
             adopting: AtomicBool::new(true),
             rescan_shared_now: AtomicBool::new(false),
             zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),

@@ -8,6 +8,7 @@ use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use zmem_tier::StoreOutcome;
 
+use super::balance::Balance;
 use super::lru::{SHARED_RESCAN, UNEVICTABLE_RESCAN};
 use super::staging::Staging;
 use super::stats::inc;
@@ -39,6 +40,7 @@ impl Inner {
         let mut swept_at = Instant::now();
         let mut shared_at = Instant::now();
         let (mut recompress, mut recompressed_at) = (self.cfg.recompress, Instant::now());
+        let mut balance = Balance::new();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
             rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -80,6 +82,7 @@ impl Inner {
                 }
             }
             self.refresh_limit();
+            self.balance_pool(&mut balance);
             if self.usage() <= self.limit() {
                 self.soft.store(false, Ordering::Relaxed);
             }

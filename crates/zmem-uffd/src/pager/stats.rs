@@ -124,6 +124,9 @@ pub struct PagerStats {
     /// The limit that applies now: the configured one, or in a process
     /// tree this process's share of the tree's.
     pub limit_bytes: u64,
+    /// The pool's share of that limit now, percent (zswap's parameter;
+    /// it moves when `PagerConfig::pool_balance` is on: `balance.rs`).
+    pub max_pool_percent: u32,
     /// Whether CLOCK's referenced bits are refreshed from write tracking.
     pub tracking_writes: bool,
 }
@@ -234,6 +237,7 @@ impl Pager {
             },
             usage_bytes: self.inner.usage() as u64,
             limit_bytes: self.inner.limit() as u64,
+            max_pool_percent: self.inner.pool_percent(),
             tracking_writes: self.inner.tracking,
         }
     }
