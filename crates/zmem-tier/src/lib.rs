@@ -399,6 +399,7 @@ impl Tier {
             zswpin: r(&c.zswpin),
             pswpin: r(&c.pswpin),
             swap_refaults: r(&c.swap_refaults),
+            cold_pool_loads: r(&c.cold_pool_loads),
             zswpwb: r(&c.written_back_pages),
             swap_pages: r(&c.swap_pages),
             swap_slots: self.swap.as_ref().map_or(0, |s| s.stats().slots_in_use),

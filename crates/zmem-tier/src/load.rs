@@ -62,17 +62,36 @@ impl Tier {
         }
     }
 
+    /// The pages stored since the one the pool would write back last, were
+    /// it smaller by the refault window: a load of an entry older than
+    /// that is a `cold_pool_loads`.
+    fn refault_window(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.refault_window.load(Relaxed) {
+            0 => self.counters.stored_pages.load(Relaxed),
+            w => w,
+        }
+    }
+
+    /// Counts a load of pool entry `e` that lay in the oldest window of the
+    /// pool (`cold_pool_loads`): its age, in pages stored since (the store
+    /// clock, `crate::store::id_clock`), over the entries the pool holds
+    /// less the window. An entry kept from a load and stored again
+    /// unchanged keeps its id, so it reads older than it is.
+    fn pool_loaded(&self, e: &Entry) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let age = u64::from(crate::store::id_clock().wrapping_sub(e.id));
+        if age >= self.counters.stored_pages.load(Relaxed).saturating_sub(self.refault_window()) {
+            inc(&self.counters.cold_pool_loads, 1);
+        }
+    }
+
     /// Counts a page read back from the swap file's `slot` (`pswpin`), and
     /// whether a somewhat larger pool would have held it (`swap_refaults`,
     /// see [`Tier::set_swap_refault_window`]).
     fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slot: zmem_swapfile::Slot) {
-        use std::sync::atomic::Ordering::Relaxed;
         inc(&self.counters.pswpin, 1);
-        let window = match self.refault_window.load(Relaxed) {
-            0 => self.counters.stored_pages.load(Relaxed),
-            w => w,
-        };
-        if sf.writeback_distance(slot) < window {
+        if sf.writeback_distance(slot) < self.refault_window() {
             inc(&self.counters.swap_refaults, 1);
         }
     }
@@ -115,6 +134,7 @@ impl Tier {
                 Ok(())
             }
             Stored::Pool { .. } => {
+                self.pool_loaded(&e);
                 Self::load_from_pool(shard.pool(e.pool).expect("a pool entry's shard holds its pool"), key, &e, dst)
             }
             Stored::Swap { .. } => self.load_from_swap(&shard, key, &e, dst),
@@ -186,6 +206,7 @@ impl Tier {
                         out.push(Err(TierError::Pool(err)));
                         continue;
                     }
+                    self.pool_loaded(&e);
                     len
                 }
                 Stored::Swap { slot, off, len } if self.swap.is_some() => {

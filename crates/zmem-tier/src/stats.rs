@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     pub zswpin: AtomicU64,
     pub pswpin: AtomicU64,
     pub swap_refaults: AtomicU64,
+    pub cold_pool_loads: AtomicU64,
     pub cached_pages: AtomicU64,
     pub cached_reused: AtomicU64,
     pub cached_dropped: AtomicU64,
@@ -67,6 +68,11 @@ pub struct TierStats {
     /// default, a pool twice as large): the refault distance of
     /// mm/workingset.c, counted in pages written back.
     pub swap_refaults: u64,
+    /// Pages loaded from the pool that were among its oldest entries
+    /// (within the same window of its cold end): a pool that much smaller
+    /// would have written them back, and they would have come from the
+    /// swap file.
+    pub cold_pool_loads: u64,
     pub zswpwb: u64,
     /// Pages now in the swap file (entries: several share a slot).
     pub swap_pages: u64,
@@ -110,6 +116,7 @@ const HELP: &[(&str, &str, &str)] = &[
     ("zswpin", "counter", "Pages loaded"),
     ("pswpin", "counter", "Pages loaded from the swap file"),
     ("swap_refaults", "counter", "Pages loaded from the swap file that a somewhat larger pool would have kept"),
+    ("cold_pool_loads", "counter", "Pages loaded from the pool that a somewhat smaller pool would have written back"),
     ("zswpwb", "counter", "Pages written back"),
     ("swap_pages", "gauge", "Pages in the swap file"),
     ("swap_slots", "gauge", "4 KiB slots of the swap file in use"),

@@ -36,6 +36,13 @@ pub enum StoreOutcome {
 static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
 const ID_BLOCK: u64 = 1024;
 
+/// The store clock: about the next id to be handed out (ids go to threads
+/// in blocks of `ID_BLOCK`, so this runs up to a block ahead of a store).
+/// `clock - id` is an entry's age in pages stored since.
+pub(crate) fn id_clock() -> u32 {
+    NEXT_ID_BLOCK.load(Ordering::Relaxed) as u32
+}
+
 pub(crate) fn next_ids(n: usize) -> u32 {
     thread_local!(static IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) });
     IDS.with(|c| {

@@ -227,6 +227,9 @@ fn the_shrinker_writes_back_cold_entries_and_they_load_from_the_file() {
     // written back are swap refaults.
     assert_eq!(s.pswpin, before.swap_pages, "{s:?}");
     assert!(s.swap_refaults > 0 && s.swap_refaults < s.pswpin, "{s:?}");
+    // With the default window (all the pool), every load from the pool is
+    // from its cold end.
+    assert!(s.cold_pool_loads > 0 && s.cold_pool_loads <= s.zswpin - s.pswpin, "{s:?}");
     assert_eq!(t.shrinker().count(), 0);
 }
 
