@@ -26,10 +26,7 @@ pub struct Args {
     /// pool, slower loads of what moved [default: off].
     #[arg(long)]
     recompress: Option<String>,
-    /// The pool's share of the limit, percent (1..=100), or auto: it starts
-    /// at 50 and moves between 20 and 80, towards resident pages or the
-    /// pool, whichever a step more would have saved more misses for
-    /// [default: auto].
+    /// The pool's share of the limit, percent.
     #[arg(long)]
     max_pool_percent: Option<String>,
     /// Write cold pages back to a swap file in this directory (on disk, not

@@ -24,9 +24,9 @@ pub mod defaults {
     /// after BGSAVE, 24M) 17.5-19.7 s against 20.5-23.7 s, a perl hash of
     /// 300k keys under 48M 144 s against 195 s, Python the same.
     pub const RUN_MAX_POOL_PERCENT: u32 = 50;
-    /// Under `zmem run` that share is where the pool starts: it moves
-    /// between these bounds towards the side that misses more (resident
-    /// pages or the pool), unless `ZMEM_MAX_POOL_PERCENT` fixes it.
+    /// Bounds for `PagerConfig::pool_balance`, the share that moves with
+    /// what misses cost. Off under `zmem run` for now: see ARCHITECTURE.md
+    /// ("The pool's share of the limit").
     pub const POOL_BALANCE_PERCENT: (u32, u32) = (20, 80);
     /// After the pool limit is hit, stores resume below this percent of it.
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;

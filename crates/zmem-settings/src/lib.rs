@@ -7,7 +7,7 @@
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle` |
 //! | `ZMEM_RECOMPRESS` | unset | a stronger codec (`zstd`, say): idle pool entries are recompressed with it in the background, as zram's `recompress` |
-//! | `ZMEM_MAX_POOL_PERCENT` | `auto` | the pool's share of the limit: `auto` starts at 50 and moves between 20 and 80 with what misses cost; a number (1..=100) fixes it |
+//! | `ZMEM_MAX_POOL_PERCENT` | `50` | the pool's share of the limit (1..=100) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
@@ -41,10 +41,6 @@ pub struct Settings {
     /// `PagerConfig::recompress`.
     pub recompress: Option<CodecSpec>,
     pub max_pool_percent: u32,
-    /// The pool's share starts at `max_pool_percent` and moves with what
-    /// misses cost (`PagerConfig::pool_balance`); off when
-    /// `ZMEM_MAX_POOL_PERCENT` gives a number.
-    pub pool_balance: bool,
     /// Where the swap file goes; `None`: writeback is off.
     pub swapfile_dir: Option<PathBuf>,
     pub encrypt: bool,
@@ -134,7 +130,6 @@ impl Default for Settings {
             compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
             recompress: None,
             max_pool_percent: defaults::RUN_MAX_POOL_PERCENT,
-            pool_balance: true,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
@@ -169,17 +164,12 @@ impl Settings {
                 "ZMEM_COMPRESSOR" => s.compressor = v.parse().map_err(|e| format!("{k}={v}: {e}"))?,
                 "ZMEM_RECOMPRESS" if v.trim().is_empty() => s.recompress = None,
                 "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| format!("{k}={v}: {e}"))?),
-                "ZMEM_MAX_POOL_PERCENT" if v.trim() == "auto" => {
-                    s.max_pool_percent = defaults::RUN_MAX_POOL_PERCENT;
-                    s.pool_balance = true;
-                }
                 "ZMEM_MAX_POOL_PERCENT" => {
                     s.max_pool_percent = v
                         .parse()
                         .ok()
                         .filter(|p| (1..=100).contains(p))
-                        .ok_or_else(|| format!("{k}={v}: expected a percent in 1..=100, or auto"))?;
-                    s.pool_balance = false;
+                        .ok_or_else(|| format!("{k}={v}: expected a percent in 1..=100"))?;
                 }
                 "ZMEM_SWAPFILE_DIR" => swapfile_dir = Some(PathBuf::from(v)),
                 "ZMEM_WRITEBACK" => writeback = parse_bool(k, v)?,
@@ -271,7 +261,6 @@ impl Settings {
         }
         cfg.tier = tier;
         cfg.recompress = self.recompress;
-        cfg.pool_balance = self.pool_balance.then_some(defaults::POOL_BALANCE_PERCENT);
         cfg.adopt = self.adopt.then_some(AdoptConfig {
             threshold: self.threshold,
             stacks: self.stacks,
@@ -340,20 +329,6 @@ mod tests {
             let e = Settings::from_vars([(k, v)]).unwrap_err();
             assert!(e.contains(why), "{k}={v}: {e}");
         }
-    }
-
-    #[test]
-    fn the_pool_share_balances_by_default_and_a_number_fixes_it() {
-        let auto = |vars: &[(&str, &str)]| {
-            let c = Settings::from_vars(vars.iter().copied()).unwrap().pager_config();
-            (c.pool_balance, c.tier.max_pool_percent)
-        };
-        let balanced = Some(defaults::POOL_BALANCE_PERCENT);
-        assert_eq!(auto(&[]), (balanced, defaults::RUN_MAX_POOL_PERCENT));
-        assert_eq!(auto(&[("ZMEM_MAX_POOL_PERCENT", "auto")]), (balanced, defaults::RUN_MAX_POOL_PERCENT));
-        assert_eq!(auto(&[("ZMEM_MAX_POOL_PERCENT", "35")]), (None, 35));
-        let e = Settings::from_vars([("ZMEM_MAX_POOL_PERCENT", "most")]).unwrap_err();
-        assert!(e.contains("or auto"), "{e}");
     }
 
     #[test]

@@ -104,8 +104,6 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
             max_pool_percent: 50,
             ..TierConfig::default()
         };
-        // As `zmem run`: the pool's share starts at half and balances.
-        cfg.pool_balance = Some(zmem_common::defaults::POOL_BALANCE_PERCENT);
         pager = Some(Pager::new(cfg)?);
         region = Some(pager.as_ref().expect("just set").map(pages * PAGE_SIZE)?);
         region.as_ref().expect("just set").words()

@@ -99,7 +99,9 @@ pub struct PagerConfig {
     /// max), starting at `tier.max_pool_percent`: towards the pool while
     /// loads from the swap file outnumber refaults, towards resident pages
     /// while refaults do (`balance.rs`). `None`: the share stays fixed.
-    /// Ignored when `tier.max_pool_bytes` fixes the pool's limit.
+    /// Ignored when `tier.max_pool_bytes` fixes the pool's limit. Off by
+    /// default, and under `zmem run` (see ARCHITECTURE.md, "The pool's
+    /// share of the limit", for the fork failure that keeps it off).
     pub pool_balance: Option<(u32, u32)>,
     /// The most bytes a sequential fault loads ahead (the window doubles
     /// up to this, rounded down to folios); 0 turns read-ahead off.
