@@ -48,6 +48,10 @@ pub struct Args {
     /// evicted folio (0: whole folios).
     #[arg(long, default_value_t = zmem_common::defaults::FAULT_AROUND_BYTES)]
     fault_around: usize,
+    /// Let the pool's share of the limit move with what misses cost
+    /// (`PagerConfig::pool_balance`, off by default), starting at 25%.
+    #[arg(long)]
+    pool_balance: bool,
     #[arg(long)]
     json: bool,
 }
@@ -119,6 +123,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut cfg = PagerConfig::with_limit(limit);
     cfg.keep_on_fork = true;
     cfg.fault_around = args.fault_around;
+    cfg.pool_balance = args.pool_balance.then_some(zmem_common::defaults::POOL_BALANCE_PERCENT);
     cfg.tier = TierConfig { memory_budget: limit, max_pool_percent: 25, ..TierConfig::default() }
         .with_swap_dir(args.swap_dir.clone(), true);
     let pager = Arc::new(Pager::new(cfg)?);
