@@ -116,7 +116,7 @@ struct Slots {
     /// Live objects in each slot, by slot number (1 for a raw page).
     refs: Vec<u16>,
     /// `objects_written` when each slot was written (wrapping), by slot
-    /// number: [`SwapFile::writeback_distance`].
+    /// number: [`SwapFile::writeback_distances`].
     written_at: Vec<u32>,
 }
 
@@ -637,13 +637,17 @@ impl SwapFile {
         Ok(())
     }
 
-    /// Objects written since `slot` was (wrapping at 2^32): how far back in
-    /// the writeback stream it lies, as the refault distance of
-    /// mm/workingset.c is counted in evictions.
-    pub fn writeback_distance(&self, slot: Slot) -> u64 {
+    /// For each of `slots`, the objects written since it was (wrapping at
+    /// 2^32): how far back in the writeback stream it lies, as the refault
+    /// distance of mm/workingset.c is counted in evictions. One lock for
+    /// all of them.
+    pub fn writeback_distances(&self, slots: impl IntoIterator<Item = Slot>) -> Vec<u64> {
         let now = self.objects_written.load(Ordering::Relaxed) as u32;
         let g = self.lock();
-        u64::from(now.wrapping_sub(g.written_at.get(slot as usize).copied().unwrap_or(now)))
+        slots
+            .into_iter()
+            .map(|s| u64::from(now.wrapping_sub(g.written_at.get(s as usize).copied().unwrap_or(now))))
+            .collect()
     }
 
     /// Reads objects back: `reqs[i]` is (slot, offset, destination), and

@@ -86,14 +86,14 @@ impl Tier {
         }
     }
 
-    /// Counts a page read back from the swap file's `slot` (`pswpin`), and
-    /// whether a somewhat larger pool would have held it (`swap_refaults`,
-    /// see [`Tier::set_swap_refault_window`]).
-    fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slot: zmem_swapfile::Slot) {
-        inc(&self.counters.pswpin, 1);
-        if sf.writeback_distance(slot) < self.refault_window() {
-            inc(&self.counters.swap_refaults, 1);
-        }
+    /// Counts pages read back from the swap file's `slots` (`pswpin`), and
+    /// those a somewhat larger pool would have held (`swap_refaults`, see
+    /// [`Tier::set_swap_refault_window`]).
+    fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slots: impl IntoIterator<Item = zmem_swapfile::Slot>) {
+        let window = self.refault_window();
+        let d = sf.writeback_distances(slots);
+        inc(&self.counters.pswpin, d.len() as u64);
+        inc(&self.counters.swap_refaults, d.iter().filter(|&&d| d < window).count() as u64);
     }
 
     /// Reads a written-back entry's object from the swap file into `dst`
@@ -105,7 +105,7 @@ impl Tier {
         let obj = &mut obj[..usize::from(len)];
         let r = sf.read_objs(&mut [(slot, off, &mut *obj)]).pop().expect("one result per request");
         r.map_err(|source| TierError::Swap { key, source })?;
-        self.swapped_in(sf, slot);
+        self.swapped_in(sf, [slot]);
         if obj.len() == PAGE_SIZE {
             dst.copy_from_slice(obj);
             return Ok(());
@@ -240,14 +240,16 @@ impl Tier {
                 base = at + len;
                 reqs.push((slot, off, obj));
             }
+            let mut read = Vec::with_capacity(reads.len());
             for (&(slot, .., t), res) in reads.iter().zip(sf.read_objs(&mut reqs)) {
                 if let Err(source) = res {
                     let page = taken[t].page;
                     failed[page] = Some(TierError::Swap { key: key.wrapping_add(page as u64), source });
                 } else {
-                    self.swapped_in(sf, slot);
+                    read.push(slot);
                 }
             }
+            self.swapped_in(sf, read);
         }
         // Expand: raw objects are copied, compressed ones decompressed in
         // batches per pool.
