@@ -25,6 +25,12 @@ pub enum Kind {
     /// Memory the program locked (`mlock`, `mlock2`, `MAP_LOCKED`): never
     /// managed, as the kernel never reclaims it.
     Locked,
+    /// The stack of a thread that exited, which the C library keeps mapped
+    /// for its next thread (glibc's stack cache), and that next thread may
+    /// be zmem's: never managed. Recorded as its thread exits; forgotten
+    /// ([`forget_stale`]) once no mapping holds it whole any more (the C
+    /// library unmapped it, and something else may be there now).
+    CachedStack,
 }
 
 static RANGES: Mutex<BTreeMap<u64, (u64, Kind)>> = Mutex::new(BTreeMap::new());
@@ -50,6 +56,15 @@ pub fn add(start: u64, len: usize, kind: Kind) {
 /// Forgets the range that starts at `start`.
 pub fn remove(start: u64) {
     RANGES.lock_ok().remove(&start);
+}
+
+/// Forgets the cached stack at `start` if it is still recorded as one: a
+/// scan found no mapping that holds it whole (see [`Kind::CachedStack`]).
+pub fn forget_stale(start: u64) {
+    let mut ranges = RANGES.lock_ok();
+    if ranges.get(&start).is_some_and(|&(_, k)| k == Kind::CachedStack) {
+        ranges.remove(&start);
+    }
 }
 
 /// The recorded ranges that overlap `[start, end)`, in address order.
@@ -119,5 +134,23 @@ mod tests {
         assert_eq!(overlapping(base + 0x4000, base + 0x5000), vec![]);
         remove(base);
         remove(base + 0x8000);
+    }
+
+    #[test]
+    fn forget_stale_forgets_only_a_cached_stack() {
+        let base = 0x7710_0000_0000u64;
+        add(base, 0x2000, Kind::Stack);
+        add(base + 0x4000, 0x2000, Kind::CachedStack);
+        // A live thread's stack stays, whatever a scan thinks of it.
+        forget_stale(base);
+        forget_stale(base + 0x4000);
+        assert_eq!(overlapping(base, base + 0x8000), vec![(base, base + 0x2000, Kind::Stack)]);
+        // The thread exited: its stack is cached, then reused by a new
+        // thread, which records it as its own again.
+        add(base, 0x2000, Kind::CachedStack);
+        add(base, 0x2000, Kind::Zmem);
+        forget_stale(base);
+        assert_eq!(overlapping(base, base + 0x1000), vec![(base, base + 0x2000, Kind::Zmem)]);
+        remove(base);
     }
 }

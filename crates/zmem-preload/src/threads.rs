@@ -4,7 +4,8 @@
 //!
 //! `pthread_create` runs the new thread through a trampoline that records
 //! its stack (`pthread_getattr_np` on itself) before the program's start
-//! routine, and forgets it when the thread exits. The creating thread holds
+//! routine, and records it as cached when the thread exits (glibc keeps it
+//! for its next thread: `Kind::CachedStack`). The creating thread holds
 //! `owned::spawn_lock` from before the stack exists until it is recorded,
 //! so a scan, which holds `owned::scan_lock`, never sees it unrecorded.
 //! zmem's own threads are made by zmem code (the reentrancy flag is set),
@@ -29,13 +30,17 @@ struct Trampoline {
     recorded: *const AtomicBool,
 }
 
-/// Forgets the thread's stack when the thread exits (a TLS destructor: it
-/// runs on pthread_exit too).
-struct StackRecord(u64);
+/// Records the thread's stack as cached when the thread exits (a TLS
+/// destructor: it runs on pthread_exit too). It is not forgotten: glibc
+/// keeps the stack mapped for its next thread, and a scan that adopted it
+/// meanwhile would hand a managed stack to that thread, which may be
+/// zmem's (a forked child's new pager starts its threads on the stacks
+/// its parent's threads left). The thread still runs on it here, too.
+struct StackRecord(u64, usize);
 
 impl Drop for StackRecord {
     fn drop(&mut self) {
-        owned::remove(self.0);
+        owned::add(self.0, self.1, Kind::CachedStack);
     }
 }
 
@@ -66,7 +71,7 @@ fn own_stack() -> Option<(u64, usize)> {
 pub(crate) fn record_own_stack(kind: Kind) {
     if let Some((addr, size)) = own_stack() {
         owned::add(addr, size, kind);
-        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord(addr)));
+        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord(addr, size)));
     }
 }
 

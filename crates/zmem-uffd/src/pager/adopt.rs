@@ -130,6 +130,13 @@ impl Inner {
             }
             let mut pieces = vec![(v.start, v.end)];
             for (a, b, kind) in owned::overlapping(v.start, v.end) {
+                // A cached stack no mapping holds whole any more was
+                // unmapped (by the C library, which does not tell us): what
+                // is there now is someone else's.
+                if kind == Kind::CachedStack && !(v.start <= a && b <= v.end) {
+                    owned::forget_stale(a);
+                    continue;
+                }
                 if kind != Kind::Stack || !cfg.stacks {
                     subtract(&mut pieces, a, b);
                 }
