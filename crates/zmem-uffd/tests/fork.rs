@@ -16,6 +16,9 @@ use pages::{check_page, write_page};
 use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig};
 
+/// Pages of the second region's last folio left mapped.
+const TAIL: usize = 6;
+
 /// fork with `fork_event`: nothing is loaded back. The child's faults
 /// before it asks are served by the parent; then it takes its evicted pages
 /// over (imported, not expanded), manages them under its own pager, and
@@ -31,10 +34,23 @@ fn a_forked_child_takes_its_evicted_pages_over_and_nothing_is_loaded_back() {
     let p = Pager::new(cfg.clone()).unwrap();
     let r = p.map(16 << 20).unwrap();
     let pages = r.len() / PAGE_SIZE;
+    // A second region whose end the program unmapped mid-folio: its last
+    // folio keeps TAIL pages, which the child's region (whole folios)
+    // cannot take. They went nowhere, and read as zeros in the child.
+    let r2 = p.map(1 << 20).unwrap();
+    let pages2 = r2.len() / PAGE_SIZE - (64 << 10) / PAGE_SIZE + TAIL;
+    let gone = r2.addr() as usize + pages2 * PAGE_SIZE;
+    // SAFETY: the end of our own region, reached only through atomics (and
+    // never past `pages2`) from here on.
+    unsafe { rustix::mm::munmap(gone as *mut _, r2.len() - pages2 * PAGE_SIZE) }.unwrap();
+    for pg in 0..pages2 {
+        write_page(&r2, pg, 4);
+    }
     for pg in 0..pages {
         write_page(&r, pg, 1);
     }
     p.reclaim_now();
+    assert!(!r2.is_resident((pages2 - 1) * PAGE_SIZE), "the tail's folio was evicted: {:?}", p.stats());
     // A page here and there: folios loaded in part, the rest of each still
     // in the tier at the fork.
     for pg in (0..pages).step_by(16 * 7).map(|pg| pg + 5) {
@@ -60,6 +76,9 @@ fn a_forked_child_takes_its_evicted_pages_over_and_nothing_is_loaded_back() {
                 unsafe { p.abandon_in_child() };
                 match Pager::from_parent(cfg.clone(), link) {
                     Ok(c) => {
+                        for pg in 0..pages2 {
+                            bad += check_page(&r2, pg, 4);
+                        }
                         for pg in 0..pages {
                             bad += check_page(&r, pg, 1);
                             write_page(&r, pg, 7);
@@ -82,6 +101,9 @@ fn a_forked_child_takes_its_evicted_pages_over_and_nothing_is_loaded_back() {
             } else {
                 // Never asks: the parent copies the rest in after its wait.
                 std::thread::sleep(Duration::from_millis(2500));
+                for pg in 0..pages2 {
+                    bad += check_page(&r2, pg, 4);
+                }
                 for pg in 0..pages {
                     bad += check_page(&r, pg, 1);
                 }

@@ -173,6 +173,21 @@ impl Pager {
     /// The parent let go first (it timed out: the child's memory was copied
     /// in whole, and the caller starts a plain pager), or the pager's errors.
     pub fn from_parent(cfg: PagerConfig, link: OwnedFd) -> Result<Pager, PagerError> {
+        // A new thread reads program memory before any code of ours runs
+        // on it: glibc's start_thread sets its ctype tables from the
+        // process's locale, which a program that called setlocale keeps in
+        // its heap. Once the parent has handed over, a fault there waits
+        // for this pager's handler, and the handler's own start-up would
+        // wait for itself (the child hung, its creating thread spinning
+        // in pthread_create). So one thread is started and joined first,
+        // while the parent still serves this process's faults: what thread
+        // start-up reads is then in place, and stays (nothing evicts here
+        // until the pager below runs).
+        std::thread::Builder::new()
+            .name("zmem-warmup".into())
+            .spawn(|| {})
+            .and_then(|t| t.join().map_err(|_| std::io::Error::other("it panicked")))
+            .map_err(|e| io_err("a thread before the hand-over", e))?;
         rustix::net::send(&link, REQUEST, SendFlags::empty()).map_err(|e| io_err("asking the parent", e))?;
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
@@ -693,7 +708,12 @@ impl Inner {
             }
             let (st, take_mask) = match self.adopt_with_entries(a, (e - a) as usize, &has) {
                 Ok(Some(x)) => x,
-                Ok(None) => continue,
+                // Less than a folio (a span cut short by a hole), or taken:
+                // nothing here is managed, and its pages go in whole.
+                Ok(None) => {
+                    lost += self.put_in_place(mine)?;
+                    continue;
+                }
                 Err(err) => {
                     // Its pages cannot be managed: they are put in place.
                     log::warn!("a forked child could not adopt {a:#x}..{e:#x} ({err}): its pages go in whole");
@@ -701,9 +721,19 @@ impl Inner {
                     continue;
                 }
             };
+            // The pages the region does not take go in whole: those past
+            // its last whole folio (a span ends where a hole of the
+            // parent's region starts, mid-folio: the child's region stops
+            // at the folio before, and the rest is an unmanaged tail), and
+            // those this process has already (the parent served them
+            // before the hand-over; the COPY then finds them present and
+            // leaves them). Skipped, the tail's pages read as zeros: glibc
+            // found its heap corrupt in the child.
+            let mut whole = Vec::new();
             for r in mine {
                 let p = ((r.0 - a) / PAGE_SIZE as u64) as usize;
                 if !take_mask.get(p).copied().unwrap_or(false) {
+                    whole.push(*r);
                     continue;
                 }
                 let exp = match r.1 {
@@ -726,6 +756,7 @@ impl Inner {
                     imported += 1;
                 }
             }
+            lost += self.put_in_place(&whole)?;
         }
         self.counters.fork_imported_pages.fetch_add(imported, Ordering::Relaxed);
         log::debug!("a forked child imported {imported} pages in {:?}", t.elapsed());
@@ -736,7 +767,9 @@ impl Inner {
     }
 
     /// Pages of the snapshot that no region takes: expanded by the tier
-    /// (through a scratch key) and copied in place. Returns how many failed.
+    /// (through a scratch key) and copied in place; a page this process
+    /// has already (the parent served it) is left as it is. Returns how
+    /// many failed.
     fn put_in_place(&self, recs: &[(u64, u8, &[u8])]) -> Result<u64, PagerError> {
         const SCRATCH: u64 = u64::MAX - 1;
         let mut page = vec![0u8; PAGE_SIZE];
@@ -751,8 +784,9 @@ impl Inner {
                 && matches!(self.tier.load(SCRATCH, &mut page), Ok(LoadOutcome::Loaded));
             self.tier.invalidate(SCRATCH);
             // SAFETY: a page of ours registered with our userfaultfd (the
-            // parent's registration, inherited), not present, which no Rust
-            // reference covers.
+            // parent's registration, inherited), which no Rust reference
+            // covers; if it is present the kernel writes nothing (EEXIST,
+            // which `copy` counts as done).
             if !ok || unsafe { self.uffd.copy(a, page.as_ptr(), PAGE_SIZE as u64, false) }.is_err() {
                 let _ = self.uffd.poison(a, PAGE_SIZE as u64);
                 failed += 1;
