@@ -141,6 +141,28 @@ impl Tier {
         Ok(Some(Exported::Object(page)))
     }
 
+    /// Expands `page`, exported by a tier whose current compressor is this
+    /// one's, into `dst` (one page), without storing it.
+    ///
+    /// # Errors
+    /// [`TierError::BadFolio`] for an object of no bytes or more than a
+    /// page, or a `dst` that is not a page; a decompression error.
+    pub fn expand_exported(&self, page: &Exported, dst: &mut [u8]) -> Result<(), TierError> {
+        if dst.len() != PAGE_SIZE {
+            return Err(TierError::BadFolio { len: dst.len() });
+        }
+        match page {
+            Exported::SameFilled(v) => {
+                for w in dst.chunks_exact_mut(8) {
+                    w.copy_from_slice(&v.to_ne_bytes());
+                }
+                Ok(())
+            }
+            Exported::Object(b) if b.is_empty() || b.len() > PAGE_SIZE => Err(TierError::BadFolio { len: b.len() }),
+            Exported::Object(b) => Self::expand(&self.current(), u64::MAX, b, dst),
+        }
+    }
+
     /// Stores `page`, exported by a tier whose current compressor is this
     /// one's, under `key`, replacing any entry there. The object is copied
     /// into the current pool as it is; the pool's limit is not checked (the

@@ -416,7 +416,7 @@ impl Tier {
                 let first = b * BLOCK as u64;
                 let mut dropped = Vec::new();
                 let mut shard = self.tree.lock(first);
-                for k in first..first + BLOCK as u64 {
+                for k in first..=first + (BLOCK - 1) as u64 {
                     if shard.get(k).is_some_and(|e| e.cached) {
                         done += usize::from(self.free_in(&mut shard, k, &mut dropped));
                     }

@@ -54,7 +54,7 @@ impl Tier {
             let first = b * BLOCK as u64;
             let mut shard = self.tree.lock(first);
             let (mut second, mut unfinished) = (false, false);
-            for key in first..first + BLOCK as u64 {
+            for key in first..=first + (BLOCK - 1) as u64 {
                 let Some(e) = shard.get(key) else { continue };
                 if !e.in_pool() {
                     continue;
@@ -173,7 +173,7 @@ impl Tier {
     pub(crate) fn block_has(&self, b: u64, f: impl Fn(&Entry) -> bool) -> bool {
         let first = b * BLOCK as u64;
         let shard = self.tree.lock(first);
-        (first..first + BLOCK as u64).any(|k| shard.get(k).is_some_and(|e| f(&e)))
+        (first..=first + (BLOCK - 1) as u64).any(|k| shard.get(k).is_some_and(|e| f(&e)))
     }
 }
 

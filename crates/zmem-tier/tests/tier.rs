@@ -266,6 +266,30 @@ fn a_lowered_pool_limit_writes_back_down_to_it_and_every_page_loads() {
     }
 }
 
+/// Keys are any u64: the last block of the key space (its end is 2^64) is
+/// written back, cached, dropped and loaded like any other. Its end
+/// overflowed in the writeback scan (a panic in a debug build).
+#[test]
+fn keys_at_the_end_of_the_key_space_are_written_back_and_load() {
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(4096 * PAGE_SIZE, true) }).unwrap();
+    let keys: Vec<u64> = (0..64).map(|i| u64::MAX - i).collect();
+    for (i, &k) in keys.iter().enumerate() {
+        t.store(k, corpus().page(i)).unwrap();
+    }
+    // Half of them loaded and kept as clean copies.
+    for (i, &k) in keys.iter().enumerate().step_by(2) {
+        assert!(load(&t, k).unwrap() == corpus().page(i), "key {k:#x}");
+        assert!(t.retain_clean(k, corpus().page(i), true));
+    }
+    t.set_max_pool_bytes(PAGE_SIZE);
+    t.shrink_to_limit();
+    let s = t.stats();
+    assert!(s.written_back_pages > 0 && s.cached_dropped > 0, "{s:?}");
+    for (i, &k) in keys.iter().enumerate().skip(1).step_by(2) {
+        assert!(load(&t, k).unwrap() == corpus().page(i), "key {k:#x}");
+    }
+}
+
 #[test]
 fn a_compressor_switch_keeps_old_entries_loadable_and_frees_their_pool() {
     let t = Tier::new(cfg(64 << 20, false)).unwrap();

@@ -767,11 +767,10 @@ impl Inner {
     }
 
     /// Pages of the snapshot that no region takes: expanded by the tier
-    /// (through a scratch key) and copied in place; a page this process
+    /// (nothing is stored) and copied in place; a page this process
     /// has already (the parent served it) is left as it is. Returns how
     /// many failed.
     fn put_in_place(&self, recs: &[(u64, u8, &[u8])]) -> Result<u64, PagerError> {
-        const SCRATCH: u64 = u64::MAX - 1;
         let mut page = vec![0u8; PAGE_SIZE];
         let mut failed = 0;
         for &(a, kind, bytes) in recs {
@@ -780,9 +779,7 @@ impl Inner {
             } else {
                 Exported::Object(bytes.to_vec())
             };
-            let ok = self.tier.import(SCRATCH, &exp).is_ok()
-                && matches!(self.tier.load(SCRATCH, &mut page), Ok(LoadOutcome::Loaded));
-            self.tier.invalidate(SCRATCH);
+            let ok = self.tier.expand_exported(&exp, &mut page).is_ok();
             // SAFETY: a page of ours registered with our userfaultfd (the
             // parent's registration, inherited), which no Rust reference
             // covers; if it is present the kernel writes nothing (EEXIST,
