@@ -432,15 +432,22 @@ impl Pager {
             inner.import_fork(&snap)?;
             inner.forked.store(true, Ordering::Relaxed);
         }
+        // A pager thread that panics leaves memory no one serves: a fault
+        // there, or on a folio it held isolated, would wait for good (a
+        // panic in a forked child's reclaim thread hung the child). The
+        // process is stopped loudly instead.
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
             std::thread::Builder::new()
-                .name(name)
+                .name(name.clone())
                 .spawn(move || {
                     if let Some(init) = init {
                         init();
                     }
-                    f();
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                        log::error!("zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting");
+                        std::process::abort();
+                    }
                 })
                 .map_err(PagerError::Spawn)
         };
