@@ -116,7 +116,7 @@ struct Slots {
     /// Live objects in each slot, by slot number (1 for a raw page).
     refs: Vec<u16>,
     /// `objects_written` when each slot was written (wrapping), by slot
-    /// number: [`SwapFile::writeback_distances`].
+    /// number: [`SwapFile::written_within`].
     written_at: Vec<u32>,
 }
 
@@ -637,17 +637,17 @@ impl SwapFile {
         Ok(())
     }
 
-    /// For each of `slots`, the objects written since it was (wrapping at
-    /// 2^32): how far back in the writeback stream it lies, as the refault
-    /// distance of mm/workingset.c is counted in evictions. One lock for
-    /// all of them.
-    pub fn writeback_distances(&self, slots: impl IntoIterator<Item = Slot>) -> Vec<u64> {
+    /// How many of `slots` were written fewer than `window` objects ago
+    /// (wrapping at 2^32): how far back in the writeback stream a slot lies,
+    /// as the refault distance of mm/workingset.c is counted in evictions.
+    /// One lock for all of them.
+    pub fn written_within(&self, slots: &[Slot], window: u64) -> usize {
         let now = self.objects_written.load(Ordering::Relaxed) as u32;
         let g = self.lock();
         slots
-            .into_iter()
-            .map(|s| u64::from(now.wrapping_sub(g.written_at.get(s as usize).copied().unwrap_or(now))))
-            .collect()
+            .iter()
+            .filter(|&&s| u64::from(now.wrapping_sub(g.written_at.get(s as usize).copied().unwrap_or(now))) < window)
+            .count()
     }
 
     /// Reads objects back: `reqs[i]` is (slot, offset, destination), and

@@ -153,9 +153,7 @@ impl Tier {
         }
         match page {
             Exported::SameFilled(v) => {
-                for w in dst.chunks_exact_mut(8) {
-                    w.copy_from_slice(&v.to_ne_bytes());
-                }
+                crate::load::fill(dst, *v);
                 Ok(())
             }
             Exported::Object(b) if b.is_empty() || b.len() > PAGE_SIZE => Err(TierError::BadFolio { len: b.len() }),

@@ -28,7 +28,7 @@ pub enum LoadOutcome {
     NotFound,
 }
 
-fn fill(dst: &mut [u8], v: u64) {
+pub(crate) fn fill(dst: &mut [u8], v: u64) {
     let b = v.to_ne_bytes();
     for w in dst.chunks_exact_mut(8) {
         w.copy_from_slice(&b);
@@ -89,11 +89,9 @@ impl Tier {
     /// Counts pages read back from the swap file's `slots` (`pswpin`), and
     /// those a somewhat larger pool would have held (`swap_refaults`, see
     /// [`Tier::set_swap_refault_window`]).
-    fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slots: impl IntoIterator<Item = zmem_swapfile::Slot>) {
-        let window = self.refault_window();
-        let d = sf.writeback_distances(slots);
-        inc(&self.counters.pswpin, d.len() as u64);
-        inc(&self.counters.swap_refaults, d.iter().filter(|&&d| d < window).count() as u64);
+    fn swapped_in(&self, sf: &zmem_swapfile::SwapFile, slots: &[zmem_swapfile::Slot]) {
+        inc(&self.counters.pswpin, slots.len() as u64);
+        inc(&self.counters.swap_refaults, sf.written_within(slots, self.refault_window()) as u64);
     }
 
     /// Reads a written-back entry's object from the swap file into `dst`
@@ -105,7 +103,7 @@ impl Tier {
         let obj = &mut obj[..usize::from(len)];
         let r = sf.read_objs(&mut [(slot, off, &mut *obj)]).pop().expect("one result per request");
         r.map_err(|source| TierError::Swap { key, source })?;
-        self.swapped_in(sf, [slot]);
+        self.swapped_in(sf, &[slot]);
         if obj.len() == PAGE_SIZE {
             dst.copy_from_slice(obj);
             return Ok(());
@@ -249,7 +247,7 @@ impl Tier {
                     read.push(slot);
                 }
             }
-            self.swapped_in(sf, read);
+            self.swapped_in(sf, &read);
         }
         // Expand: raw objects are copied, compressed ones decompressed in
         // batches per pool.

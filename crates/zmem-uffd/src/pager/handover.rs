@@ -649,6 +649,24 @@ impl Inner {
     }
 }
 
+/// A snapshot record's entry: kind 0 a same-filled word, 1 an object; `None`
+/// for kind 2, a page the parent could not read (the child poisons it).
+///
+/// # Errors
+/// Another kind, or a same-filled word that is not 8 bytes: a malformed
+/// snapshot.
+fn record(kind: u8, bytes: &[u8]) -> Result<Option<Exported>, PagerError> {
+    match kind {
+        0 => bytes
+            .try_into()
+            .map(|w| Some(Exported::SameFilled(u64::from_ne_bytes(w))))
+            .map_err(|_| PagerError::Handover("the parent's snapshot is malformed".into())),
+        1 => Ok(Some(Exported::Object(bytes.to_vec()))),
+        2 => Ok(None),
+        _ => Err(PagerError::Handover("the parent's snapshot is malformed".into())),
+    }
+}
+
 enum Outcome {
     HandOver,
     Push,
@@ -736,16 +754,11 @@ impl Inner {
                     whole.push(*r);
                     continue;
                 }
-                let exp = match r.1 {
-                    0 if r.2.len() == 8 => Exported::SameFilled(u64::from_ne_bytes(r.2.try_into().expect("8"))),
-                    1 => Exported::Object(r.2.to_vec()),
-                    2 => {
-                        // The parent could not read it: never zeros.
-                        let _ = self.uffd.poison(r.0, PAGE_SIZE as u64);
-                        lost += 1;
-                        continue;
-                    }
-                    _ => return Err(bad()),
+                let Some(exp) = record(r.1, r.2)? else {
+                    // The parent could not read it: never zeros.
+                    let _ = self.uffd.poison(r.0, PAGE_SIZE as u64);
+                    lost += 1;
+                    continue;
                 };
                 if let Err(err) = self.tier.import(st.key(p), &exp) {
                     // Never zeros in its place: touching it is a SIGBUS.
@@ -774,12 +787,7 @@ impl Inner {
         let mut page = vec![0u8; PAGE_SIZE];
         let mut failed = 0;
         for &(a, kind, bytes) in recs {
-            let exp = if kind == 0 {
-                Exported::SameFilled(u64::from_ne_bytes(bytes.try_into().map_err(|_| io_err("record", "size"))?))
-            } else {
-                Exported::Object(bytes.to_vec())
-            };
-            let ok = self.tier.expand_exported(&exp, &mut page).is_ok();
+            let ok = record(kind, bytes)?.is_some_and(|exp| self.tier.expand_exported(&exp, &mut page).is_ok());
             // SAFETY: a page of ours registered with our userfaultfd (the
             // parent's registration, inherited), which no Rust reference
             // covers; if it is present the kernel writes nothing (EEXIST,
