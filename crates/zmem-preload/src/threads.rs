@@ -36,11 +36,27 @@ struct Trampoline {
 /// meanwhile would hand a managed stack to that thread, which may be
 /// zmem's (a forked child's new pager starts its threads on the stacks
 /// its parent's threads left). The thread still runs on it here, too.
-struct StackRecord(u64, usize);
+///
+/// With `ZMEM_STACKS=1` a program thread's stack may be managed already:
+/// it is given back first (`Pager::release`), for the same reason.
+struct StackRecord {
+    addr: u64,
+    len: usize,
+    kind: Kind,
+}
 
 impl Drop for StackRecord {
     fn drop(&mut self) {
-        owned::add(self.0, self.1, Kind::CachedStack);
+        let (addr, len) = (self.addr, self.len);
+        // Inside the shim: what this allocates comes from zmem's heap.
+        crate::guard::guarded(|| {
+            owned::add(addr, len, Kind::CachedStack);
+            if self.kind == Kind::Stack {
+                if let Some(s) = crate::init::current().filter(|s| s.settings.stacks) {
+                    s.pager.release(addr, len);
+                }
+            }
+        });
     }
 }
 
@@ -71,7 +87,7 @@ fn own_stack() -> Option<(u64, usize)> {
 pub(crate) fn record_own_stack(kind: Kind) {
     if let Some((addr, size)) = own_stack() {
         owned::add(addr, size, kind);
-        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord(addr, size)));
+        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord { addr, len: size, kind }));
     }
 }
 

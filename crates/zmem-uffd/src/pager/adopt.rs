@@ -100,6 +100,48 @@ impl Pager {
         }
     }
 
+    /// Gives the adopted regions that lie wholly within `[addr, addr + len)`
+    /// back to the program, as [`Drop`] does with all of them: their
+    /// evicted folios loaded, the range unregistered (the tail past a
+    /// region's last whole folio too), the regions forgotten. Returns the
+    /// bytes given back.
+    ///
+    /// For a program thread's stack when the thread exits (`ZMEM_STACKS=1`):
+    /// glibc keeps the stack for its next thread, which may be zmem's, and a
+    /// handler on a managed stack could wait for itself. The exiting
+    /// thread, still on that stack, calls this.
+    pub fn release(&self, addr: u64, len: usize) -> usize {
+        let inner = &self.inner;
+        let (lo, hi) = (addr, addr + len as u64);
+        let whole = |st: &Arc<RegionState>| {
+            st.adopted && st.mapped_in(lo, hi) == Within::All && st.start.load(Ordering::Acquire) >= lo
+        };
+        if !inner.regions_in(lo, hi).iter().any(whole) {
+            return 0;
+        }
+        // A forked child may still need their entries.
+        inner.wait_handover();
+        // No reclaim pass meanwhile: nothing of theirs is being evicted,
+        // and nothing is once they are unregistered.
+        let _gate = inner.reclaim_gate.lock_ok();
+        let mut bounce = vec![0u8; inner.cfg.folio_size];
+        let regions: Vec<_> = inner.regions_in(lo, hi).into_iter().filter(whole).collect();
+        for st in &regions {
+            inner.load_region(st, &mut bounce, false);
+        }
+        // The whole range, so the tails past the regions' last whole folios
+        // go too (a part no region has was never registered: a no-op).
+        // Before the regions are forgotten: until then a fault in the range
+        // is still served as theirs.
+        if let Err(e) = inner.uffd.unregister(lo, len as u64) {
+            log::warn!("unregistering {lo:#x}..{hi:#x} to give it back failed: {e}");
+        }
+        for st in &regions {
+            inner.retire(st);
+        }
+        regions.iter().map(|st| st.len).sum()
+    }
+
     /// Scans the address space once and adopts what `cfg` allows. Returns
     /// the bytes adopted.
     ///
