@@ -308,6 +308,51 @@ print("event forks ok")
     run_managed_env("py-fork-event-threads", "32M", &["python3", "-c", py, "64"], &env, "event forks ok", 120);
 }
 
+/// A forking server with `ZMEM_FORK_EVENT=1`, ten children at a time, far
+/// under its limit: what a child inherited is its parent's too, and is
+/// charged to the parent only. Each child was charged for all of it until
+/// its reclaim first tried those folios; with ten at once every child's
+/// share of the tree's limit shrank to a few MiB, reclaim found nothing it
+/// could evict, and 17 of the 40 children warned that their limit turned
+/// soft, under a 512M limit with ~100 MiB in use. Every answer is checked
+/// against the parent's own.
+#[test]
+fn a_forking_servers_children_are_not_charged_for_what_they_inherit() {
+    let py = r#"
+import socketserver, socket, threading, hashlib
+big = [hashlib.sha1(str(i).encode()).hexdigest() * 4 for i in range(300000)]
+def answer(n):
+    h = hashlib.sha256()
+    for s in big[n::97]:
+        h.update(s.encode())
+    return h.hexdigest()
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        self.wfile.write((answer(int(self.rfile.readline())) + "\n").encode())
+class S(socketserver.ForkingMixIn, socketserver.TCPServer):
+    allow_reuse_address = True
+srv = S(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+out = {}
+def ask(n):
+    with socket.create_connection(("127.0.0.1", srv.server_address[1])) as c:
+        c.sendall(f"{n}\n".encode())
+        out[n] = c.makefile().readline().strip()
+for batch in range(4):
+    ts = [threading.Thread(target=ask, args=(batch * 10 + i,)) for i in range(10)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+srv.shutdown()
+bad = [n for n in range(40) if out.get(n) != answer(n)]
+assert not bad, bad
+print("forking server ok", len(out))
+"#;
+    let o = zmem(&["run", "--limit", "512M", "--", "python3", "-c", py], &[("ZMEM_FORK_EVENT", "1")], 120);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("forking server ok 40"), "{}", text(&o));
+    assert!(!err.contains("cannot get down"), "a child turned soft far under the limit: {err}");
+}
+
 /// A thread's stack, once the thread has exited, stays mapped for the next
 /// thread (glibc's stack cache), which may be zmem's: it is never managed.
 /// It was forgotten at exit, and the next scan adopted it. Python starts

@@ -71,17 +71,29 @@ impl PageMap {
     /// neither: it is mapped by everyone and costs nothing, and pagemap
     /// shows it present and not exclusive, as a shared page.
     pub fn shared_pages(&self, addr: u64, n: usize) -> Result<SharedPages, UffdError> {
+        Ok(self.shared_per(addr, n, n.max(1))?.pop().unwrap_or(SharedPages { shared: 0, present: 0 }))
+    }
+
+    /// [`shared_pages`](Self::shared_pages) for each group of `per` pages
+    /// (the last may be shorter) of the `n` from `addr`, in as many
+    /// syscalls as for one.
+    ///
+    /// # Errors
+    /// As [`mapped`](Self::mapped).
+    pub fn shared_per(&self, addr: u64, n: usize, per: usize) -> Result<Vec<SharedPages>, UffdError> {
         let e = self.entries(addr, n)?;
-        let present = e.iter().filter(|&&x| x & PM_PRESENT != 0).count();
-        let candidates: Vec<usize> =
-            (0..n).filter(|&i| e[i] & PM_PRESENT != 0 && e[i] & PM_MMAP_EXCLUSIVE == 0).collect();
-        if candidates.is_empty() {
-            return Ok(SharedPages { shared: 0, present });
-        }
-        let zero = self.zero_pages(addr, n)?;
-        let zeros = (0..n).filter(|&i| zero[i] && e[i] & PM_PRESENT != 0).count();
-        let shared = candidates.into_iter().filter(|&i| !zero[i]).count();
-        Ok(SharedPages { shared, present: present - zeros })
+        let candidate = |i: usize| e[i] & PM_PRESENT != 0 && e[i] & PM_MMAP_EXCLUSIVE == 0;
+        let zero = if (0..n).any(candidate) { Some(self.zero_pages(addr, n)?) } else { None };
+        let is_zero = |i: usize| zero.as_ref().is_some_and(|z| z[i]);
+        Ok((0..n)
+            .step_by(per.max(1))
+            .map(|g| {
+                let pages = g..(g + per.max(1)).min(n);
+                let present = pages.clone().filter(|&i| e[i] & PM_PRESENT != 0 && !is_zero(i)).count();
+                let shared = pages.filter(|&i| candidate(i) && !is_zero(i)).count();
+                SharedPages { shared, present }
+            })
+            .collect())
     }
 
     /// Which of the `n` pages from `addr` map the shared zero page

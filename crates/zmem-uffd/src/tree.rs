@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// "zmemtree" in ASCII, and the layout's version.
 const MAGIC: u64 = 0x7a6d_656d_7472_6565;
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 /// Slots in a segment: processes that may hold a share at once.
 pub const SLOTS: usize = 255;
 const SIZE: usize = 64 * (SLOTS + 1);
@@ -48,6 +48,8 @@ struct Header {
     peak: AtomicU64,
     /// One past the highest slot ever claimed: readers stop there.
     high_slot: AtomicU32,
+    /// Set by the first process that warned its limit turned soft.
+    soft_warned: AtomicU32,
 }
 
 #[repr(C, align(64))]
@@ -194,6 +196,14 @@ impl Tree {
 
     pub fn limit(&self) -> usize {
         self.header().limit.load(Ordering::Relaxed) as usize
+    }
+
+    /// Whether the caller is the tree's first process to warn that its limit
+    /// turned soft (and the last: this says yes once per tree). Forty
+    /// children of a forking server, each squeezed to a small share, each
+    /// printed the same warning.
+    pub fn first_soft_warning(&self) -> bool {
+        self.header().soft_warned.swap(1, Ordering::Relaxed) == 0
     }
 
     /// The peak of the tree's summed usage so far.

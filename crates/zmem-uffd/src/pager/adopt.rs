@@ -354,6 +354,11 @@ impl Inner {
         while p < pages {
             let n = PAGEMAP_CHUNK.min(pages - p);
             let mapped = pm.mapped(addr + (p * PAGE_SIZE) as u64, n)?;
+            // In a forked child, what it inherited is its parent's too.
+            let shared = match has {
+                Some(_) => pm.shared_per(addr + (p * PAGE_SIZE) as u64, n, ppf)?,
+                None => Vec::new(),
+            };
             for (i, chunk) in mapped.chunks(ppf).enumerate() {
                 let f = p / ppf + i;
                 // The pages of this folio the parent's snapshot has and this
@@ -383,7 +388,10 @@ impl Inner {
                     }
                     continue;
                 }
-                self.became_resident(&st, f);
+                match shared.get(i).filter(|s| s.mostly_shared()) {
+                    Some(s) => self.became_resident_shared(&st, f, s.shared),
+                    None => self.became_resident(&st, f),
+                }
                 if any_evicted {
                     let mut mask = 0u64;
                     for (j, &e) in evicted.iter().enumerate().filter(|(_, e)| **e) {

@@ -948,13 +948,28 @@ impl Inner {
     }
 
     fn became_resident_on(&self, st: &Arc<RegionState>, f: usize, once: bool) {
+        self.mark_resident(st, f);
+        self.lru_add_to(st, f, once);
+    }
+
+    fn mark_resident(&self, st: &RegionState, f: usize) {
         st.set_folio(f, Folio::Resident);
         // With write tracking, loaded pages are mapped write-protected and
         // a write after the fault is what counts; without it, the fault
         // itself is the only access CLOCK can see.
         st.referenced[f].store(!self.tracking, Ordering::Relaxed);
         self.resident.fetch_add(1, Ordering::Relaxed);
-        self.lru_add_to(st, f, once);
+    }
+
+    /// [`Inner::became_resident`] for a folio most of whose pages another
+    /// process maps too (a forked child's, just adopted): it goes on the
+    /// shared list at once, not after reclaim first tries it. Until then
+    /// the child was charged for all it inherited, and with many children
+    /// forked at once each one's share of the tree's limit shrank to next
+    /// to nothing.
+    pub(super) fn became_resident_shared(&self, st: &Arc<RegionState>, f: usize, shared: usize) {
+        self.mark_resident(st, f);
+        self.park_shared(st, f, shared);
     }
 }
 

@@ -144,7 +144,11 @@ impl Inner {
                             let floor = self.member.is_some() && self.limit() <= self.share_floor();
                             if !warned {
                                 warned = !floor;
-                                let level = if floor { log::Level::Info } else { log::Level::Warn };
+                                // Once per tree: its other processes would
+                                // say the same (`ZMEM_LOG=info` shows them).
+                                let first =
+                                    !floor && self.member.as_ref().is_none_or(|m| m.tree().first_soft_warning());
+                                let level = if first { log::Level::Warn } else { log::Level::Info };
                                 log::log!(
                                     level,
                                     "usage {} MiB cannot get down to its reclaim target of {} MiB (limit {} MiB): \
@@ -395,12 +399,22 @@ impl Inner {
         else {
             return false;
         };
-        st.queued[f].store(true, Ordering::Release);
-        self.lru.lock_ok().shared.push(((Arc::clone(st), f), shared));
-        self.lru_len.fetch_add(1, Ordering::Relaxed);
-        self.shared_pages.fetch_add(shared, Ordering::Relaxed);
-        inc(&self.counters.shared_parks);
+        self.park_shared(st, f, shared);
         true
+    }
+
+    /// Puts folio `f`, `shared` of whose pages another process maps too, on
+    /// the shared list, and charges those pages to no one.
+    pub(super) fn park_shared(&self, st: &Arc<RegionState>, f: usize, shared: usize) {
+        st.queued[f].store(true, Ordering::Release);
+        let mut lru = self.lru.lock_ok();
+        lru.shared.push(((Arc::clone(st), f), shared));
+        // Under the list's lock, as `rescan_shared` takes the list and
+        // subtracts what it held: the count never wraps below zero.
+        self.shared_pages.fetch_add(shared, Ordering::Relaxed);
+        drop(lru);
+        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        inc(&self.counters.shared_parks);
     }
 
     /// Looks at the shared folios again: those that are this process's own
