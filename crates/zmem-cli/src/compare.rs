@@ -60,8 +60,13 @@ struct Outcome {
 
 pub fn run(args: &Args) -> Result<()> {
     let limit = zmem_settings::parse_size(&args.limit).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
-    if limit < (8 << 20) {
-        bail!("--limit {} is under 8M", args.limit);
+    if limit < zmem_settings::Settings::MIN_LIMIT {
+        // zmem run would refuse it only after the native run.
+        bail!(
+            "--limit {}: at least {}M (the smallest limit zmem run takes)",
+            args.limit,
+            zmem_settings::Settings::MIN_LIMIT >> 20
+        );
     }
     zmem_settings::check_swapfile_dir(&args.swap_dir).map_err(|e| anyhow::anyhow!(e))?;
     let swap_bytes = match &args.swap_size {
@@ -176,14 +181,20 @@ fn pss(pid: u32) -> Option<u64> {
     Some(kb << 10)
 }
 
+/// How many times faster than the kernel's run `o` was: none unless both
+/// finished well (a run killed early is quick, not fast).
+fn vs_kernel(out: &[Outcome], o: &Outcome) -> Option<f64> {
+    let kernel = out.iter().find(|k| k.config.starts_with("kernel") && k.exit_ok)?;
+    o.exit_ok.then(|| kernel.elapsed_s / o.elapsed_s)
+}
+
 fn report(out: &[Outcome], json: bool) {
-    let kernel = out.iter().find(|o| o.config.starts_with("kernel")).map(|o| o.elapsed_s);
     if json {
         let rows: Vec<serde_json::Value> = out
             .iter()
             .map(|o| {
                 let mut v = serde_json::to_value(o).unwrap_or_default();
-                v["vs_kernel"] = serde_json::json!(kernel.map(|k| k / o.elapsed_s));
+                v["vs_kernel"] = serde_json::json!(vs_kernel(out, o));
                 v
             })
             .collect();
@@ -192,7 +203,7 @@ fn report(out: &[Outcome], json: bool) {
     }
     println!("{:<12} {:>10} {:>16} {:>10}  exit", "config", "elapsed s", "peak footprint", "vs kernel");
     for o in out {
-        let vs = kernel.map_or("-".to_string(), |k| format!("{:.2}x", k / o.elapsed_s));
+        let vs = vs_kernel(out, o).map_or("-".to_string(), |r| format!("{r:.2}x"));
         println!(
             "{:<12} {:>10.2} {:>12} MiB {:>10}  {}",
             o.config,
@@ -201,5 +212,25 @@ fn report(out: &[Outcome], json: bool) {
             vs,
             o.exit_status
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{vs_kernel, Outcome};
+
+    fn run(config: &str, elapsed_s: f64, exit_ok: bool) -> Outcome {
+        Outcome { config: config.into(), elapsed_s, peak_footprint_bytes: 0, exit_ok, exit_status: String::new() }
+    }
+
+    #[test]
+    fn only_runs_that_both_finished_well_get_a_ratio() {
+        let out = [run("native", 1.0, true), run("zmem", 2.0, false), run("kernel:lzo", 4.0, true)];
+        assert_eq!(vs_kernel(&out, &out[0]), Some(4.0));
+        assert_eq!(vs_kernel(&out, &out[1]), None, "zmem failed");
+        let killed = [run("native", 1.0, true), run("zmem", 2.0, true), run("kernel:lzo", 0.1, false)];
+        assert!(killed.iter().all(|o| vs_kernel(&killed, o).is_none()), "the kernel was OOM-killed");
+        let none = [run("native", 1.0, true), run("zmem", 2.0, true)];
+        assert_eq!(vs_kernel(&none, &none[1]), None, "--no-kernel");
     }
 }

@@ -51,6 +51,9 @@ fn bad_flags_are_clear_errors() {
     assert!(!ok && err.contains("per-cpu"), "{err}");
     let (ok, _, err) = run(&["bench", "compress", "--corpus", "/nonexistent/pages.bin"]);
     assert!(!ok && err.contains("/nonexistent/pages.bin"), "{err}");
+    // Refused before anything runs (the program would print "ran").
+    let (ok, out, err) = run(&["compare", "--limit", "8M", "--no-kernel", "--", "echo", "ran"]);
+    assert!(!ok && err.contains("at least 16M") && !out.contains("ran") && !err.contains("ran\n"), "{out} {err}");
 }
 
 #[test]

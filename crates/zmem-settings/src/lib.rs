@@ -100,6 +100,9 @@ impl Settings {
     /// Where the swap file goes unless `ZMEM_SWAPFILE_DIR` says otherwise:
     /// a disk directory (tmpfs would keep written-back pages in RAM).
     pub const DEFAULT_SWAPFILE_DIR: &'static str = defaults::SWAPFILE_DIR;
+    /// The smallest limit `zmem run` takes (`zmem compare` checks it too,
+    /// before it runs anything).
+    pub const MIN_LIMIT: usize = 16 << 20;
 }
 
 /// Why `dir` cannot hold a swap file (not a directory, or in RAM).
@@ -225,7 +228,7 @@ impl Settings {
         } else {
             None
         };
-        if s.limit < 16 << 20 {
+        if s.limit < Settings::MIN_LIMIT {
             return Err(format!("ZMEM_LIMIT={}: at least 16M", s.limit));
         }
         if s.threshold < s.folio {
