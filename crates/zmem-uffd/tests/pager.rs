@@ -914,7 +914,13 @@ fn idle_entries_are_recompressed_in_the_background_and_read_back() {
     p.reclaim_now();
     let before = p.tier().stats();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while p.tier().stats().recompressed_pages * 2 < before.stored_pages && std::time::Instant::now() < deadline {
+    // Reclaim compacts the pools after each slice it recompresses: the
+    // count goes up first, so wait for both (a read between the two saw the
+    // new objects and not yet the old zspages freed).
+    let done = |t: &zmem_tier::TierStats| {
+        t.recompressed_pages * 2 >= before.stored_pages && t.pool_total_size < before.pool_total_size
+    };
+    while !done(&p.tier().stats()) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let after = p.tier().stats();
