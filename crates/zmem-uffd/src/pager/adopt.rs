@@ -127,17 +127,13 @@ impl Pager {
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         let regions: Vec<_> = inner.regions_in(lo, hi).into_iter().filter(whole).collect();
         for st in &regions {
-            inner.load_region(st, &mut bounce, false);
+            inner.give_back(st, &mut bounce);
         }
-        // The whole range, so the tails past the regions' last whole folios
-        // go too (a part no region has was never registered: a no-op).
-        // Before the regions are forgotten: until then a fault in the range
-        // is still served as theirs.
+        // Then the whole range, so the tails past the regions' last whole
+        // folios go too (never managed: a fault there was a stray one, and
+        // a part never registered is a no-op).
         if let Err(e) = inner.uffd.unregister(lo, len as u64) {
             log::warn!("unregistering {lo:#x}..{hi:#x} to give it back failed: {e}");
-        }
-        for st in &regions {
-            inner.retire(st);
         }
         regions.iter().map(|st| st.len).sum()
     }
@@ -487,13 +483,21 @@ impl Inner {
         let adopted: Vec<_> = self.regions.read_ok().values().filter(|r| r.adopted).cloned().collect();
         let mut bounce = vec![0u8; self.cfg.folio_size];
         for st in adopted {
-            self.load_region(&st, &mut bounce, false);
-            let base = st.start.load(Ordering::Acquire);
-            for (a, b) in st.mapped_parts() {
-                let _ = self.uffd.unregister(base + a as u64, (b - a) as u64);
-            }
-            self.retire(&st);
+            self.give_back(&st, &mut bounce);
         }
+    }
+
+    /// Gives adopted region `st` back to the program: its evicted folios
+    /// loaded, what it maps unregistered, the region forgotten. Until it
+    /// is unregistered, a fault there is still served as the region's.
+    /// The caller keeps reclaim from isolating.
+    fn give_back(&self, st: &Arc<RegionState>, bounce: &mut [u8]) {
+        self.load_region(st, bounce, false);
+        let base = st.start.load(Ordering::Acquire);
+        for (a, b) in st.mapped_parts() {
+            let _ = self.uffd.unregister(base + a as u64, (b - a) as u64);
+        }
+        self.retire(st);
     }
 
     /// Loads every Evicted folio of `st` back into the program, as a fault
