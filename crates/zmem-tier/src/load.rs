@@ -345,8 +345,9 @@ impl Tier {
     /// The page under `key` was loaded and is mapped again as `page`,
     /// unchanged (a non-exclusive load): its entry stays as its clean copy,
     /// `cached` (see [`Entry`]), and is reused if the page is evicted
-    /// unchanged, as a 128-bit hash of the page taken now says: no read of
-    /// a swap slot and no decompression is needed to tell. A
+    /// unchanged. A pool entry is compared byte for byte then; one in the
+    /// swap file (which costs no memory, only its share of a slot) by a
+    /// 128-bit hash of the page taken now, so that no read is needed. A
     /// same-filled marker (free to make again) is dropped, and so is a
     /// written-back entry once the swap file is half full, and a pool entry
     /// unless `keep_pool` (a kept pool entry is memory beside the page: the
@@ -373,7 +374,10 @@ impl Tier {
             // A second trip round the LRU from now, as a store.
             m.referenced = true;
         }
-        shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
+        let in_swap = !e.in_pool();
+        if in_swap {
+            shard.set_sum(key, xxhash_rust::xxh3::xxh3_128(page));
+        }
         if fresh {
             // Under the shard lock, as `release`'s decrement: never below zero.
             inc(&self.counters.cached_pages, 1);

@@ -117,7 +117,7 @@ impl Tier {
     /// entries as clean copies ([`retain_clean`](Self::retain_clean)): a
     /// page equal to its cached entry keeps that entry, and is neither
     /// compressed nor allocated again (`cached_reused`). Equality is checked
-    /// on the bytes (by the page's 128-bit hash taken at `retain_clean`), so a page
+    /// on the bytes (the entry is decompressed and compared), so a page
     /// written since its load, however the caller tracks writes, is simply
     /// compressed anew.
     ///
@@ -258,17 +258,14 @@ impl Tier {
 
     /// Whether `key` holds a cached entry whose page equals `page`; if so
     /// the entry is the page's stored copy from now on (no longer cached).
-    /// The page's hash is compared with the one `retain_clean` took (an
-    /// entry without one is expanded and compared), under the shard lock,
-    /// so the shrinker cannot free it in between.
+    /// The object is expanded and compared under the shard lock, so the
+    /// shrinker cannot free it in between.
     fn reuse_cached(&self, key: u64, page: &[u8]) -> bool {
         thread_local!(static EXPANDED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
         let mut shard = self.tree.lock(key);
         let Some(e) = shard.get(key).filter(|e| e.cached) else { return false };
-        let same = match (shard.sum(key), e.stored) {
-            (_, Stored::SameFilled(_)) => false,
-            (Some(sum), _) => sum == xxhash_rust::xxh3::xxh3_128(page),
-            (None, Stored::Pool { .. }) => {
+        let same = match e.stored {
+            Stored::Pool { .. } => {
                 let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
                 EXPANDED.with(|x| {
                     let mut x = x.borrow_mut();
@@ -276,8 +273,8 @@ impl Tier {
                     Self::load_from_pool(pool, key, &e, &mut x).is_ok() && x[..] == *page
                 })
             }
-            // Reading the slot back would cost more than compressing.
-            (None, Stored::Swap { .. }) => false,
+            Stored::Swap { .. } => shard.sum(key) == Some(xxhash_rust::xxh3::xxh3_128(page)),
+            Stored::SameFilled(_) => false,
         };
         if !same {
             return false;

@@ -135,7 +135,7 @@ pub struct Shard<P> {
     blocks: HashMap<u64, Box<Block>>,
     entries: usize,
     pools: Vec<PoolRef<P>>,
-    /// For cached entries: (entry id, a 128-bit hash of
+    /// For cached entries in the swap file: (entry id, a 128-bit hash of
     /// the page), so that a clean page is recognised without reading it
     /// back. Goes with its entry.
     sums: HashMap<u64, (u32, u128)>,
