@@ -51,6 +51,12 @@ pub struct PagerConfig {
     /// poll(2). Zero blocks at once: on a 2-vCPU guest a spinning handler
     /// takes a CPU from the program (see `zmem bench fault --spin-us`).
     pub handler_spin: Duration,
+    /// How long a handler busy-polls after serving its last fault when that
+    /// fault came back to back with the one before (see `pager/spin.rs`):
+    /// the program barely runs between its faults, as when it pages a
+    /// working set larger than its limit, and blocking would cost two
+    /// cross-CPU wake-ups a fault. Zero: never.
+    pub handler_spin_hot: Duration,
     /// CPUs the handler threads are pinned to, round-robin; empty: no pinning.
     pub handler_cpus: Vec<usize>,
     /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
@@ -187,6 +193,7 @@ impl PagerConfig {
             direct_reclaim_wait: Duration::from_millis(20),
             handler_threads: 1,
             handler_spin: Duration::ZERO,
+            handler_spin_hot: Duration::from_micros(100),
             handler_cpus: Vec::new(),
             track_writes: true,
             keep_on_fork: false,

@@ -296,6 +296,7 @@ impl Inner {
         let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
         let spin = self.cfg.handler_spin;
         let mut last_event = Instant::now();
+        let mut hot = super::spin::HotSpin::new(self.cfg.handler_spin_hot, Instant::now());
         // Read into without allocating: fork waits for its event to be read
         // while the forking thread holds the allocator's locks.
         let mut events: Vec<Event> = Vec::with_capacity(64);
@@ -306,15 +307,17 @@ impl Inner {
         loop {
             // Done with what the last events asked: everything that served
             // them is freed (`drops` included).
-            if pending.is_empty() && carry.is_empty() {
+            let idle = pending.is_empty() && carry.is_empty();
+            if idle {
                 busy.set(false);
             }
             if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
                 return;
             }
             // Busy-poll (non-blocking reads) for `spin` after the last
-            // event, then block in poll(2).
-            let spinning = !spin.is_zero() && pending.is_empty() && carry.is_empty() && last_event.elapsed() < spin;
+            // event, or a while after going idle when faults come back to
+            // back (`spin.rs`); then block in poll(2).
+            let spinning = idle && ((!spin.is_zero() && last_event.elapsed() < spin) || hot.spinning(Instant::now()));
             if !spinning && carry.is_empty() {
                 let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
                 if self.uffd.wait(Some(timeout)).is_err() {
@@ -372,6 +375,9 @@ impl Inner {
                 }
             } else {
                 last_event = Instant::now();
+                if idle && events.iter().any(|e| matches!(e, Event::PageFault { .. })) {
+                    hot.fault_arrived(last_event);
+                }
             }
             for ev in events.drain(..) {
                 match ev {
@@ -399,6 +405,7 @@ impl Inner {
             // (the others go ahead), and at the first EAGAIN go back and
             // read the event that blocks them all.
             let mut i = 0;
+            let had = pending.len();
             while i < pending.len() {
                 let (addr, write) = pending[i];
                 match self.fault(addr, write, &mut bounce, &mut ra) {
@@ -408,6 +415,9 @@ impl Inner {
                     Served::Busy => i += 1,
                     Served::Again => break,
                 }
+            }
+            if had > 0 && pending.is_empty() {
+                hot.went_idle(Instant::now());
             }
         }
     }

@@ -111,6 +111,7 @@ mod handover;
 mod lru;
 mod reclaim;
 mod region;
+mod spin;
 mod staging;
 mod stats;
 
