@@ -470,34 +470,41 @@ fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
     }
     p.reclaim_now();
     let t = p.tier();
+    let ppf = 16;
+    let slot_of = |q: usize| match t.lookup(r.entry_key(q * PAGE_SIZE)) {
+        Some(zmem_tier::Stored::Swap { slot, .. }) => Some(slot),
+        _ => None,
+    };
+    // A page of its folio (16 pages) must be elsewhere, to show that it
+    // still loads: objects that compress well put a whole folio in one slot.
+    let elsewhere = |q: usize, slot| t.lookup(r.entry_key(q * PAGE_SIZE)).is_some() && slot_of(q) != Some(slot);
     let (pg, slot) = (0..pages)
         .rev()
-        .find_map(|pg| match t.lookup(r.entry_key(pg * PAGE_SIZE)) {
-            Some(zmem_tier::Stored::Swap { slot, .. }) => Some((pg, slot)),
-            _ => None,
+        .find_map(|pg| {
+            let slot = slot_of(pg)?;
+            let folio = pg / ppf * ppf;
+            (folio..folio + ppf).any(|o| elsewhere(o, slot)).then_some((pg, slot))
         })
-        .expect("a page in the swap file");
+        .expect("a page in the swap file, its folio partly elsewhere");
+    // Compressed writeback packs several objects into a slot, maybe from
+    // other folios: every folio with a page in this slot goes bad with it.
+    let bad_folios: std::collections::HashSet<usize> =
+        (0..pages).filter(|&q| slot_of(q) == Some(slot)).map(|q| q / ppf).collect();
     let f = t.swap_file().unwrap().file();
     let off = u64::from(slot) * PAGE_SIZE as u64 + 100;
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, off).unwrap();
     f.write_all_at(&[b[0] ^ 0x40], off).unwrap();
     // A neighbour in the same folio (16 pages) whose object is in another
-    // slot (compressed writeback packs several per slot) loads intact...
-    let ppf = 16;
+    // slot loads intact...
     let folio = pg / ppf * ppf;
-    let other = (folio..folio + ppf)
-        .find(|&o| match t.lookup(r.entry_key(o * PAGE_SIZE)) {
-            Some(zmem_tier::Stored::Swap { slot: s, .. }) => s != slot,
-            Some(_) => true,
-            None => false,
-        })
-        .expect("a page of the folio outside the corrupt slot");
+    let other = (folio..folio + ppf).find(|&o| elsewhere(o, slot)).expect("chosen so");
     assert_eq!(check_page(&r, other, 5), 0, "page {other}");
-    // Everything else is written and evicted again: the folio with the
-    // poisoned page must stay as it is (a poison marker does not move;
-    // evicted and loaded again, the page would read as zeros).
-    for q in (0..pages).filter(|q| q / ppf != folio / ppf) {
+    // Everything else is written and evicted again: the folios with a
+    // poisoned page must stay as they are (a poison marker does not move;
+    // evicted and loaded again, the page would read as zeros), and touching
+    // one of their pages in the bad slot would be SIGBUS before its time.
+    for q in (0..pages).filter(|q| !bad_folios.contains(&(q / ppf))) {
         write_page(&r, q, 6);
     }
     p.reclaim_now();
