@@ -294,9 +294,7 @@ impl Inner {
         let mut bounce = vec![0u8; self.cfg.folio_size];
         let mut ra = ReadAhead::default();
         let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
-        let spin = self.cfg.handler_spin;
-        let mut last_event = Instant::now();
-        let mut hot = super::spin::HotSpin::new(self.cfg.handler_spin_hot, Instant::now());
+        let mut spin = super::spin::Spin::new(self.cfg.handler_spin, self.cfg.handler_spin_hot, Instant::now());
         // Read into without allocating: fork waits for its event to be read
         // while the forking thread holds the allocator's locks.
         let mut events: Vec<Event> = Vec::with_capacity(64);
@@ -314,10 +312,9 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
                 return;
             }
-            // Busy-poll (non-blocking reads) for `spin` after the last
-            // event, or a while after going idle when faults come back to
-            // back (`spin.rs`); then block in poll(2).
-            let spinning = idle && ((!spin.is_zero() && last_event.elapsed() < spin) || hot.spinning(Instant::now()));
+            // Busy-poll (non-blocking reads) a while (`spin.rs`), then
+            // block in poll(2).
+            let spinning = idle && spin.spinning(Instant::now());
             if !spinning && carry.is_empty() {
                 let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
                 if self.uffd.wait(Some(timeout)).is_err() {
@@ -374,10 +371,8 @@ impl Inner {
                     std::hint::spin_loop();
                 }
             } else {
-                last_event = Instant::now();
-                if idle && events.iter().any(|e| matches!(e, Event::PageFault { .. })) {
-                    hot.fault_arrived(last_event);
-                }
+                let fault = events.iter().any(|e| matches!(e, Event::PageFault { .. }));
+                spin.events_arrived(Instant::now(), idle && fault);
             }
             for ev in events.drain(..) {
                 match ev {
@@ -417,7 +412,7 @@ impl Inner {
                 }
             }
             if had > 0 && pending.is_empty() {
-                hot.went_idle(Instant::now());
+                spin.went_idle(Instant::now());
             }
         }
     }

@@ -1,5 +1,6 @@
-//! When an idle handler busy-polls instead of blocking
-//! (`PagerConfig::handler_spin_hot`).
+//! When an idle handler busy-polls instead of blocking: for
+//! `PagerConfig::handler_spin` after every event (off by default), and for
+//! `PagerConfig::handler_spin_hot` after faults that come back to back.
 //!
 //! A blocked handler costs each fault two cross-CPU wake-ups: the fault
 //! wakes the handler, and the COPY wakes the program (BUDGET.md: a fault
@@ -17,18 +18,33 @@ use std::time::{Duration, Instant};
 /// two wake-ups, ~60 µs each on this class of VM.
 const HOT_GAP_SPINS: u32 = 3;
 
+/// The handler's choice between busy-polling and blocking in poll(2).
 #[derive(Debug)]
-pub(super) struct HotSpin {
+pub(super) struct Spin {
+    /// `PagerConfig::handler_spin`: after every event, this long.
+    fixed: Duration,
+    /// `PagerConfig::handler_spin_hot`: after going idle, this long, when
+    /// the fault before came back to back.
     window: Duration,
+    last_event: Instant,
     idle_since: Instant,
     hot: bool,
 }
 
-impl HotSpin {
-    /// Spins for `window` after going idle, while faults come back to back;
-    /// a zero window never spins.
-    pub(super) fn new(window: Duration, now: Instant) -> HotSpin {
-        HotSpin { window, idle_since: now, hot: false }
+impl Spin {
+    /// A zero `fixed` and a zero `window` never spin.
+    pub(super) fn new(fixed: Duration, window: Duration, now: Instant) -> Spin {
+        Spin { fixed, window, last_event: now, idle_since: now, hot: false }
+    }
+
+    /// Events were read at `now`; `fault_while_idle`: a fault among them
+    /// ended an idle spell.
+    pub(super) fn events_arrived(&mut self, now: Instant, fault_while_idle: bool) {
+        self.last_event = now;
+        if fault_while_idle {
+            self.hot =
+                !self.window.is_zero() && now.saturating_duration_since(self.idle_since) < self.window * HOT_GAP_SPINS;
+        }
     }
 
     /// The handler served the last fault it had at `now`.
@@ -36,15 +52,11 @@ impl HotSpin {
         self.idle_since = now;
     }
 
-    /// A fault arrived at `now` while the handler was idle.
-    pub(super) fn fault_arrived(&mut self, now: Instant) {
-        self.hot =
-            !self.window.is_zero() && now.saturating_duration_since(self.idle_since) < self.window * HOT_GAP_SPINS;
-    }
-
     /// Whether the idle handler busy-polls at `now`.
     pub(super) fn spinning(&self, now: Instant) -> bool {
-        self.hot && now.saturating_duration_since(self.idle_since) < self.window
+        let since = |t: Instant| now.saturating_duration_since(t);
+        (!self.fixed.is_zero() && since(self.last_event) < self.fixed)
+            || (self.hot && since(self.idle_since) < self.window)
     }
 }
 
@@ -57,9 +69,9 @@ mod tests {
     #[test]
     fn faults_back_to_back_keep_the_handler_spinning_for_one_window() {
         let t0 = Instant::now();
-        let mut s = HotSpin::new(100 * US, t0);
+        let mut s = Spin::new(Duration::ZERO, 100 * US, t0);
         assert!(!s.spinning(t0), "not before a fault has come back to back");
-        s.fault_arrived(t0 + 200 * US);
+        s.events_arrived(t0 + 200 * US, true);
         s.went_idle(t0 + 250 * US);
         assert!(s.spinning(t0 + 260 * US));
         assert!(s.spinning(t0 + 349 * US));
@@ -69,26 +81,35 @@ mod tests {
     #[test]
     fn a_fault_after_a_long_gap_stops_the_spinning() {
         let t0 = Instant::now();
-        let mut s = HotSpin::new(100 * US, t0);
-        s.fault_arrived(t0 + 10 * US);
+        let mut s = Spin::new(Duration::ZERO, 100 * US, t0);
+        s.events_arrived(t0 + 10 * US, true);
         s.went_idle(t0 + 50 * US);
         assert!(s.spinning(t0 + 60 * US));
         // The program ran 2 ms before faulting again: it computes, so the
         // handler blocks next time.
-        s.fault_arrived(t0 + 2050 * US);
+        s.events_arrived(t0 + 2050 * US, true);
         s.went_idle(t0 + 2100 * US);
         assert!(!s.spinning(t0 + 2110 * US));
         // Just past three windows is not back to back either.
-        s.fault_arrived(t0 + 2401 * US);
+        s.events_arrived(t0 + 2401 * US, true);
         s.went_idle(t0 + 2450 * US);
         assert!(!s.spinning(t0 + 2460 * US));
     }
 
     #[test]
+    fn a_fixed_spin_follows_every_event() {
+        let t0 = Instant::now();
+        let mut s = Spin::new(50 * US, Duration::ZERO, t0);
+        s.events_arrived(t0 + 1000 * US, false);
+        assert!(s.spinning(t0 + 1049 * US));
+        assert!(!s.spinning(t0 + 1050 * US));
+    }
+
+    #[test]
     fn a_zero_window_never_spins() {
         let t0 = Instant::now();
-        let mut s = HotSpin::new(Duration::ZERO, t0);
-        s.fault_arrived(t0);
+        let mut s = Spin::new(Duration::ZERO, Duration::ZERO, t0);
+        s.events_arrived(t0, true);
         s.went_idle(t0);
         assert!(!s.spinning(t0));
     }
