@@ -1060,6 +1060,7 @@ print("ok", st["pager"]["limit_soft_events"], st["pager"]["eviction_rejects"])
 #[test]
 fn compare_runs_a_program_three_ways_and_restores_the_machine() {
     let zswap_before = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok();
+    let page_cluster_before = std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap();
     let swap = tmpdir("compare-swap");
     let o = zmem(
         &["compare", "--limit", "32M", "--swap-dir", swap.to_str().unwrap(), "--json", "--", "python3", "-c", PY, "64"],
@@ -1086,6 +1087,30 @@ fn compare_runs_a_program_three_ways_and_restores_the_machine() {
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
     assert!(!swaps.contains("zmem-usemem-"), "{swaps}");
     assert_eq!(std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok(), zswap_before);
+    assert_eq!(std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap(), page_cluster_before);
+}
+
+/// A kernel run that the OOM killer ended fails in `zmem compare`, even
+/// when the program is a script that exits 0 after its child was killed:
+/// memory the program locks cannot be swapped, so the cgroup's limit kills
+/// it. zmem keeps it in memory over the limit (the limit turns soft).
+#[test]
+fn compare_fails_a_kernel_run_the_oom_killer_ended_whatever_the_exit_status() {
+    let swap = tmpdir("compare-oom-swap");
+    let py = "import ctypes; assert ctypes.CDLL(None).mlockall(3) == 0; b = bytearray(64 << 20); print('held')";
+    let script = format!("python3 -c \"{py}\"; true");
+    let o = zmem(
+        &["compare", "--limit", "32M", "--swap-dir", swap.to_str().unwrap(), "--json", "--", "sh", "-c", &script],
+        &[],
+        300,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the OOM killer killed"), "{}", text(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    let ok: Vec<bool> = rows.as_array().unwrap().iter().map(|r| r["exit_ok"].as_bool().unwrap()).collect();
+    assert_eq!(ok, [true, true, false], "{}", text(&o));
+    assert!(rows[2]["exit_status"].as_str().unwrap().starts_with("exit status: 0;"), "{}", text(&o));
+    assert!(rows.as_array().unwrap().iter().all(|r| r["vs_kernel"].is_null()), "{}", text(&o));
 }
 
 /// The largest `pager` counters over the stats files a run left in `dir`

@@ -10,13 +10,16 @@ use anyhow::{bail, Context, Result};
 
 pub(crate) const ZSWAP: &str = "/sys/module/zswap/parameters";
 pub(crate) const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+pub(crate) const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
 
 /// The machine changes a kernel run makes, undone on drop in reverse order.
 #[derive(Debug, Default)]
 pub(crate) struct KernelSetup {
     pub(crate) swapfile: Option<PathBuf>,
     pub(crate) swap_on: bool,
-    pub(crate) zswap_saved: Vec<(String, String)>,
+    /// Parameters changed (zswap's, `vm.page-cluster`) and their values
+    /// before, restored in this order.
+    pub(crate) saved: Vec<(String, String)>,
     pub(crate) cgroup: Option<PathBuf>,
     pub(crate) mounted_debugfs: bool,
 }
@@ -49,7 +52,7 @@ impl KernelSetup {
         for name in ["enabled", "compressor", "max_pool_percent", "accept_threshold_percent", "shrinker_enabled"] {
             let p = format!("{ZSWAP}/{name}");
             if let Ok(v) = std::fs::read_to_string(&p) {
-                k.zswap_saved.push((p, v.trim().to_string()));
+                k.saved.push((p, v.trim().to_string()));
             }
         }
         let file = dir.join(format!("zmem-usemem-{}.swap", std::process::id()));
@@ -81,6 +84,24 @@ impl KernelSetup {
         k.cgroup = Some(cg.clone());
         std::fs::write(cg.join("memory.limit_in_bytes"), limit.to_string()).context("set memory.limit_in_bytes")?;
         Ok(k)
+    }
+
+    /// Sets `vm.page-cluster` (swap read-ahead: 2^n pages a fault) until
+    /// drop.
+    pub(crate) fn set_page_cluster(&mut self, n: u32) -> Result<()> {
+        let old = std::fs::read_to_string(PAGE_CLUSTER).with_context(|| format!("read {PAGE_CLUSTER}"))?;
+        self.saved.push((PAGE_CLUSTER.to_string(), old.trim().to_string()));
+        write_param(PAGE_CLUSTER, &n.to_string())
+    }
+
+    /// How many processes the kernel's OOM killer killed in the cgroup
+    /// (`memory.oom_control`'s `oom_kill`).
+    pub(crate) fn oom_kills(&self) -> u64 {
+        let Some(t) = self.cgroup.as_ref().and_then(|cg| std::fs::read_to_string(cg.join("memory.oom_control")).ok())
+        else {
+            return 0;
+        };
+        t.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
     }
 
     pub(crate) fn cgroup_procs(&self) -> Option<PathBuf> {
@@ -117,7 +138,7 @@ impl Drop for KernelSetup {
             let _ = std::fs::remove_file(&f);
         }
         // Compressor before enabled, as they were saved.
-        for (p, v) in self.zswap_saved.drain(..) {
+        for (p, v) in self.saved.drain(..) {
             if std::fs::read_to_string(&p).is_ok_and(|cur| cur.trim() != v) {
                 if let Err(e) = std::fs::write(&p, &v) {
                     warn(format!("{p} back to {v}: {e}"));
