@@ -137,7 +137,8 @@ impl Drop for KernelSetup {
         if let Some(f) = self.swapfile.take() {
             let _ = std::fs::remove_file(&f);
         }
-        // Compressor before enabled, as they were saved.
+        // In the order they were saved: zswap's compressor before enabled,
+        // then `vm.page-cluster`.
         for (p, v) in self.saved.drain(..) {
             if std::fs::read_to_string(&p).is_ok_and(|cur| cur.trim() != v) {
                 if let Err(e) = std::fs::write(&p, &v) {
