@@ -33,6 +33,7 @@
 //!   [`SwapStats::pages_written`] gives the packing achieved.
 #![deny(unsafe_code)]
 
+mod ahead;
 pub mod crypt;
 pub mod fuzz;
 pub mod slot;
@@ -106,6 +107,12 @@ pub struct SwapStats {
     pub checksum_failures: u64,
     /// Whether the file is read and written with `O_DIRECT`.
     pub direct_io: bool,
+    /// Whether swap-in read-ahead is on (`O_DIRECT` and an io_uring).
+    pub readahead: bool,
+    /// Slots read ahead of a load (`SwapFile::prefetch`), and reads a
+    /// block read ahead served.
+    pub readahead_blocks: u64,
+    pub readahead_hits: u64,
 }
 
 #[derive(Debug)]
@@ -118,6 +125,8 @@ struct Slots {
     /// `objects_written` when each slot was written (wrapping), by slot
     /// number: [`SwapFile::written_within`].
     written_at: Vec<u32>,
+    /// Swap-in read-ahead's blocks (`ahead.rs`).
+    ahead: ahead::Cache,
 }
 
 /// A swap file of 4 KiB slots.
@@ -135,6 +144,12 @@ pub struct SwapFile {
     read_calls: AtomicU64,
     checksum_failures: AtomicU64,
     direct_io: bool,
+    /// Swap-in read-ahead (`ahead.rs`); `None` without io_uring, or with
+    /// buffered I/O (the page cache reads ahead by itself).
+    ahead: Option<ahead::Ring>,
+    /// Blocks read ahead, and reads served from them.
+    ahead_ready: AtomicU64,
+    ahead_hits: AtomicU64,
     buffered: std::sync::OnceLock<File>,
     /// Fault injection: this many of the next writes fail, with EIO, or
     /// with ENOSPC when `inject_enospc`.
@@ -268,12 +283,14 @@ impl SwapFile {
         use std::os::fd::AsRawFd;
         let mut v = vec![self.file.as_raw_fd()];
         v.extend(self.buffered.get().map(AsRawFd::as_raw_fd));
+        v.extend(self.ahead.as_ref().map(ahead::Ring::raw_fd));
         v
     }
 }
 
 impl Drop for SwapFile {
     fn drop(&mut self) {
+        self.drain_ahead();
         zmem_common::fds::forget(std::os::fd::AsRawFd::as_raw_fd(&self.file));
     }
 }
@@ -301,6 +318,7 @@ impl SwapFile {
                 sums: Vec::new(),
                 refs: Vec::new(),
                 written_at: Vec::new(),
+                ahead: ahead::Cache::default(),
             }),
             crypt,
             mempool,
@@ -312,6 +330,9 @@ impl SwapFile {
             read_calls: AtomicU64::new(0),
             checksum_failures: AtomicU64::new(0),
             direct_io,
+            ahead: if direct_io { ahead::Ring::new() } else { None },
+            ahead_ready: AtomicU64::new(0),
+            ahead_hits: AtomicU64::new(0),
             buffered: std::sync::OnceLock::new(),
             inject_eio: std::sync::atomic::AtomicU32::new(0),
             inject_enospc: std::sync::atomic::AtomicBool::new(false),
@@ -372,7 +393,21 @@ impl SwapFile {
 
     /// Writes whole `pages` to fresh slots, slot `i` holding `refs[i]` objects.
     fn write_blocks(&self, pages: &[&[u8]], refs: &[u16]) -> Result<Vec<Slot>, SwapError> {
-        let slots = self.lock().map.alloc(pages.len());
+        let slots = {
+            let mut g = self.lock();
+            let slots = g.map.alloc(pages.len());
+            // Free slots have no read-ahead state (`free` forgets it); this
+            // only makes sure of it.
+            let mut free = Vec::new();
+            if !g.ahead.blocks.is_empty() {
+                for &s in &slots {
+                    g.ahead.forget(s, &mut free);
+                }
+            }
+            drop(g);
+            self.mempool.free_pages(free);
+            slots
+        };
         if slots.len() < pages.len() {
             self.free_all(&slots);
             return Err(SwapError::NoSpace { max_bytes: self.max_bytes });
@@ -401,10 +436,14 @@ impl SwapFile {
     }
 
     fn free_all(&self, slots: &[Slot]) {
+        let mut free = Vec::new();
         let mut g = self.lock();
         for &s in slots {
             g.map.free(s);
+            g.ahead.forget(s, &mut free);
         }
+        drop(g);
+        self.mempool.free_pages(free);
     }
 
     /// Stages, checksums, encrypts and writes `pages` to `slots`.
@@ -527,10 +566,14 @@ impl SwapFile {
         let mut out: Vec<Result<(), SwapError>> = (0..reqs.len()).map(|_| Ok(())).collect();
         let mut order: Vec<usize> = Vec::with_capacity(reqs.len());
         let mut sums = vec![0u32; reqs.len()];
+        // Blocks read ahead are here already, checked (`ahead.rs`).
+        let served = self.take_ahead(reqs);
         {
             let g = self.lock();
             for (i, (slot, dst)) in reqs.iter().enumerate() {
-                if dst.len() != PAGE_SIZE {
+                if served[i] {
+                    self.pages_read.fetch_add(1, Ordering::Relaxed);
+                } else if dst.len() != PAGE_SIZE {
                     out[i] = Err(SwapError::BadPage { len: dst.len() });
                 } else if !g.map.in_use(*slot) {
                     out[i] = Err(SwapError::NotInUse { slot: *slot });
@@ -633,6 +676,12 @@ impl SwapFile {
         });
         if left == 0 {
             g.map.free(slot);
+            if !g.ahead.blocks.is_empty() {
+                let mut free = Vec::new();
+                g.ahead.forget(slot, &mut free);
+                drop(g);
+                self.mempool.free_pages(free);
+            }
         }
         Ok(())
     }
@@ -704,6 +753,9 @@ impl SwapFile {
             read_calls: self.read_calls.load(Ordering::Relaxed),
             checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
             direct_io: self.direct_io,
+            readahead: self.ahead.is_some(),
+            readahead_blocks: self.ahead_ready.load(Ordering::Relaxed),
+            readahead_hits: self.ahead_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -723,6 +775,7 @@ impl SwapFile {
             + g.refs.capacity() * 2
             + g.written_at.capacity() * 4
             + (g.map.nr_slots() as usize).div_ceil(8)
+            + g.ahead.blocks.len() * PAGE_SIZE
     }
 
     /// Fault injection (`zmem bench soak`, tests): the next `n` writes fail

@@ -94,6 +94,30 @@ impl Tier {
         inc(&self.counters.swap_refaults, sf.written_within(slots, self.refault_window()) as u64);
     }
 
+    /// Swap-in read-ahead: starts reading the swap file's slots of the
+    /// pages of `ranges` (first key, pages), for loads to come (a walk's
+    /// next folios), without waiting (`SwapFile::prefetch`). Pages in the
+    /// pool, or not stored, cost a lookup.
+    pub fn prefetch(&self, ranges: &[(u64, usize)]) {
+        let Some(sf) = self.swap.as_ref() else { return };
+        let mut slots = Vec::new();
+        let mut cursor = Cursor::new(&self.tree);
+        for &(key, n) in ranges {
+            for i in 0..n as u64 {
+                let k = key.wrapping_add(i);
+                if let Some(Stored::Swap { slot, .. }) = cursor.lock(k).get(k).map(|e| e.stored) {
+                    if slots.last() != Some(&slot) {
+                        slots.push(slot);
+                    }
+                }
+            }
+        }
+        cursor.unlock();
+        if !slots.is_empty() {
+            sf.prefetch(&slots);
+        }
+    }
+
     /// Reads a written-back entry's object from the swap file into `dst`
     /// and expands it (the caller holds the entry's shard).
     fn load_from_swap(&self, shard: &Shard<Arc<Pool>>, key: u64, e: &Entry, dst: &mut [u8]) -> Result<(), TierError> {

@@ -800,6 +800,32 @@ fn sequential_faults_load_folios_ahead_with_headroom() {
     }
 }
 
+/// A walk over memory written back to the swap file reads the file ahead
+/// of its loads (`SwapFile::prefetch`, through io_uring): the loads find
+/// their slots read already, and every byte is intact.
+#[test]
+fn a_walk_over_written_back_memory_reads_the_swap_file_ahead() {
+    let _wd = watchdog("swap-readahead", 60);
+    let mut cfg = PagerConfig::with_limit(8 << 20);
+    cfg.tier.max_pool_percent = 10;
+    let (p, r) = filled_and_reclaimed(cfg, 9);
+    let pages = r.len() / PAGE_SIZE;
+    let sf = p.tier().swap_file().expect("a swap file");
+    let before = sf.stats();
+    assert!(before.pages_written > 0, "nothing was written back: {before:?}");
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 9)).sum();
+    let after = sf.stats();
+    assert_eq!(bad, 0, "{:?} {after:?}", p.stats());
+    if !after.readahead {
+        eprintln!("no swap-in read-ahead here (no O_DIRECT, or no io_uring): {after:?}");
+    } else {
+        let hits = after.readahead_hits - before.readahead_hits;
+        let reads = after.pages_read - before.pages_read;
+        // The walk's first folios come before it is known for one.
+        assert!(hits * 10 >= reads * 8, "{hits} of {reads} slot reads were read ahead: {after:?}");
+    }
+}
+
 /// A walk down an evicted region (Python's list_dealloc frees a list's
 /// items last to first) and two walks up interleaved (a list's array and
 /// the objects it points to) each load folios ahead: most folios come in
