@@ -38,9 +38,18 @@ pub fn check_slot_read(data: &[u8]) {
     // succeeds exactly as the whole-slot read below.
     let mut obj = vec![0u8; 1000];
     let obj_result = sf.read_objs(&mut [(slot, 77, &mut obj[..])]).pop().expect("one result");
+    // The same through swap-in read-ahead (`SwapFile::prefetch`): a block
+    // read ahead is checked as a read is, and a bad one is read again.
+    sf.prefetch(&[slot]);
+    let mut ahead = vec![0u8; 1000];
+    let ahead_result = sf.read_objs(&mut [(slot, 77, &mut ahead[..])]).pop().expect("one result");
     let mut dst = vec![0u8; PAGE_SIZE];
     let page_result = sf.read(slot, &mut dst);
     assert_eq!(obj_result.is_ok(), page_result.is_ok(), "{obj_result:?} against {page_result:?}");
+    assert_eq!(ahead_result.is_ok(), page_result.is_ok(), "read ahead: {ahead_result:?} against {page_result:?}");
+    if ahead_result.is_ok() {
+        assert!(ahead[..] == page[77..1077], "a read-ahead read returned bytes that were never written");
+    }
     if obj_result.is_ok() {
         assert!(obj[..] == page[77..1077], "an object read returned bytes that were never written");
     }
