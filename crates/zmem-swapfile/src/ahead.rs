@@ -144,7 +144,10 @@ impl Ring {
     /// container runtimes install) refuses io_uring: loads then read
     /// slots themselves.
     pub(crate) fn new() -> Option<Ring> {
-        match IoUring::new(RING_ENTRIES) {
+        // Not inherited by a forked child (MADV_DONTFORK on its mappings):
+        // the child never uses it, and must not hold the kernel's shared
+        // pages of it.
+        match IoUring::builder().dontfork().build(RING_ENTRIES) {
             Ok(ring) => {
                 let fd = ring.as_raw_fd();
                 // Kept from the program's `close` family, as the file is.

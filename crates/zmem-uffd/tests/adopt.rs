@@ -21,9 +21,29 @@ fn word(tag: u64, i: usize) -> u64 {
     u64::from_ne_bytes(src[i * 8..i * 8 + 8].try_into().unwrap()) ^ tag.rotate_left(17)
 }
 
+/// Held while a test leaves a gap in its own mapping that it maps again
+/// later at the same address, and while a pager is made. A pager's swap
+/// file maps its io_uring (a page or two) and the kernel puts a small
+/// mapping in the highest gap that fits: a test's 5-page gap, which the
+/// test then mapped over with `MAP_FIXED`, taking the ring away from under
+/// the other test's pager (a segfault, once in 20 runs of this binary).
+static GAPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gaps() -> std::sync::MutexGuard<'static, ()> {
+    GAPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A pager, made while no test has a gap open (`GAPS`).
+fn new_pager(cfg: PagerConfig) -> Pager {
+    let _g = gaps();
+    Pager::new(cfg).unwrap()
+}
+
 /// Plain private anonymous memory, made as a program makes it (not by zmem).
+/// At a given address only where nothing is mapped (`MAP_FIXED_NOREPLACE`):
+/// never over another thread's mapping.
 fn mmap(addr: usize, len: usize) -> usize {
-    let fixed = if addr == 0 { 0 } else { libc::MAP_FIXED };
+    let fixed = if addr == 0 { 0 } else { libc::MAP_FIXED_NOREPLACE };
     // SAFETY: a fresh anonymous mapping; with MAP_FIXED, over memory this
     // test owns and no reference covers.
     let p = unsafe {
@@ -38,6 +58,26 @@ fn mmap(addr: usize, len: usize) -> usize {
     };
     assert_ne!(p, libc::MAP_FAILED);
     p as usize
+}
+
+/// A fresh anonymous mapping over `[addr, addr + len)`, which the test
+/// maps already: one `mmap(MAP_FIXED)`, so the old pages go (an UNMAP
+/// event, as `munmap` raises) with no moment at which another thread's
+/// mapping could take the range.
+fn map_over(addr: usize, len: usize) {
+    // SAFETY: a range of this test's own mapping, no reference to which
+    // lives; MAP_FIXED replaces it atomically.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut _,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr);
 }
 
 fn page(addr: usize) -> &'static [AtomicU64] {
@@ -72,7 +112,7 @@ fn adopted_and_written(len: usize) -> (Pager, usize, usize) {
 }
 
 fn adopted_and_written_with(len: usize, cfg: PagerConfig) -> (Pager, usize, usize) {
-    let pager = Pager::new(cfg).unwrap();
+    let pager = new_pager(cfg);
     let base = mmap(0, len);
     assert_eq!(pager.adopt(base as u64, len).unwrap(), len);
     let pages = len / PAGE_SIZE;
@@ -86,7 +126,7 @@ fn adopted_and_written_with(len: usize, cfg: PagerConfig) -> (Pager, usize, usiz
 fn a_mapping_the_program_made_is_managed_through_holes_a_new_mapping_mremap_and_munmap() {
     let _wd = watchdog("adopt", 120);
     let len = 32 * MIB;
-    let pager = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
     let base = mmap(0, len);
     let pages = len / PAGE_SIZE;
     // Half the pages are there before adoption, half come after.
@@ -111,9 +151,7 @@ fn a_mapping_the_program_made_is_managed_through_holes_a_new_mapping_mremap_and_
     // hole starts mid-folio).
     let hole = base + 12 * MIB + 3 * PAGE_SIZE;
     let hole_len = 4 * MIB;
-    // SAFETY: part of this test's mapping, no longer used.
-    assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
-    assert_eq!(mmap(hole, hole_len), hole);
+    map_over(hole, hole_len);
     for p in 0..hole_len / PAGE_SIZE {
         write(hole + p * PAGE_SIZE, 1_000_000 + p as u64);
     }
@@ -185,7 +223,7 @@ fn a_mapping_the_program_made_is_managed_through_holes_a_new_mapping_mremap_and_
 fn never_touched_pages_of_a_folio_partly_present_at_adoption_cost_no_fault() {
     let _wd = watchdog("adopt-zero", 60);
     let len = 2 * MIB;
-    let pager = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
     let base = mmap(0, len);
     let (pages, ppf) = (len / PAGE_SIZE, (64 << 10) / PAGE_SIZE);
     for p in (0..pages).step_by(ppf) {
@@ -219,7 +257,7 @@ fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
     let _wd = watchdog("adopt-tail", 60);
     let tail = 5;
     let len = MIB + tail * PAGE_SIZE;
-    let pager = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
+    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
     let base = mmap(0, len);
     assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
     let before = pager.stats();
@@ -249,8 +287,8 @@ fn a_stray_faults_zero_pages_stay_out_of_another_pagers_mapping() {
     // One mapping, cut in two by the two registrations.
     let base = mmap(0, a_len + b_len);
     let b_base = base + a_len;
-    let a = Pager::new(PagerConfig::with_limit(8 * MIB)).unwrap();
-    let b = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let a = new_pager(PagerConfig::with_limit(8 * MIB));
+    let b = new_pager(PagerConfig::with_limit(4 * MIB));
     assert_eq!(a.adopt(base as u64, a_len).unwrap(), MIB);
     assert_eq!(b.adopt(b_base as u64, b_len).unwrap(), b_len);
     for p in 0..b_len / PAGE_SIZE {
@@ -287,7 +325,7 @@ fn dropping_the_pager_gives_adopted_memory_back_whole() {
     let len = 16 * MIB;
     let base = mmap(0, len);
     {
-        let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+        let pager = new_pager(PagerConfig::with_limit(4 * MIB));
         pager.adopt(base as u64, len).unwrap();
         for p in 0..len / PAGE_SIZE {
             write(base + p * PAGE_SIZE, p as u64 * 7);
@@ -461,7 +499,7 @@ fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
     // Each MOVE waits 1 ms after looking up the holes: without the lock
     // that closes the window, nearly every round lost pages.
     let cfg = PagerConfig { inject_move_delay: Duration::from_millis(1), ..PagerConfig::with_limit(4 * MIB) };
-    let pager = Pager::new(cfg).unwrap();
+    let pager = new_pager(cfg);
     // Pressure: a 16 MiB region written over and over.
     let hot_len = 16 * MIB;
     let hot = mmap(0, hot_len);
@@ -490,9 +528,7 @@ fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
     while Instant::now() < deadline && bad == 0 {
         for s in 0..SLOTS {
             let a = area + s * SLOT;
-            // SAFETY: this test's own range, no reference to it lives.
-            assert_eq!(unsafe { libc::munmap(a as *mut _, SLOT) }, 0);
-            assert_eq!(mmap(a, SLOT), a);
+            map_over(a, SLOT);
             for p in 0..pages {
                 write(a + p * PAGE_SIZE, tag(round, s, p));
             }
@@ -529,12 +565,13 @@ fn a_range_unmapped_and_mapped_again_keeps_its_new_pages_while_reclaim_runs() {
 fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
     let _wd = watchdog("adopt-trim-race", 60);
     let cfg = PagerConfig { inject_adopt_delay: Duration::from_millis(50), ..PagerConfig::with_limit(4 * MIB) };
-    let pager = Pager::new(cfg).unwrap();
+    let pager = new_pager(cfg);
     let (len, base, tail) = trimmable_mapping();
     // The last 5 pages: unmapped while the adoption sleeps, mapped again
     // and written.
     let trimmer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(15));
+        let _g = gaps();
         // SAFETY: the end of this test's mapping, no reference to it.
         assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
         map_tail_again(tail);
@@ -553,14 +590,16 @@ fn a_range_trimmed_as_it_is_adopted_keeps_what_is_mapped_there_next() {
 #[test]
 fn a_range_whose_end_went_before_it_was_registered_is_managed_only_where_it_is_mapped() {
     let _wd = watchdog("adopt-gap", 60);
-    let pager = Pager::new(PagerConfig::with_limit(4 * MIB)).unwrap();
+    let pager = new_pager(PagerConfig::with_limit(4 * MIB));
     let (len, base, tail) = trimmable_mapping();
+    let g = gaps();
     // SAFETY: the end of this test's mapping, no reference to it.
     assert_eq!(unsafe { libc::munmap(tail as *mut _, 5 * PAGE_SIZE) }, 0);
     let adopted = pager.adopt(base as u64, len).unwrap();
     assert_eq!(adopted, len, "registering over the gap succeeds; the region keeps its length");
     assert_eq!(pager.stats().adoption_cuts, 1, "{:?}", pager.stats());
     map_tail_again(tail);
+    drop(g);
     // Less than a folio left mapped: nothing is adopted, the little there
     // is stays the program's and reads back.
     let small = mmap(0, 16 * PAGE_SIZE);
