@@ -30,6 +30,14 @@ fn page(seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Flips the bits `mask` of byte `at` of slot `slot` on disk.
+fn flip(sf: &SwapFile, slot: u32, at: u64, mask: u8) {
+    let off = u64::from(slot) * PAGE_SIZE as u64 + at;
+    let mut b = [0u8];
+    sf.file().read_exact_at(&mut b, off).unwrap();
+    sf.file().write_all_at(&[b[0] ^ mask], off).unwrap();
+}
+
 fn swap(encrypt: bool, max_bytes: u64) -> SwapFile {
     SwapFile::create(&SwapFileConfig { dir: std::env::temp_dir(), encrypt, max_bytes }, mempool()).unwrap()
 }
@@ -67,10 +75,7 @@ fn a_flipped_byte_is_corrupt_never_wrong_bytes() {
         let sf = swap(encrypt, 1 << 30);
         let p = page(7);
         let s = sf.write_batch(&[&p]).unwrap()[0];
-        let off = u64::from(s) * PAGE_SIZE as u64 + 1234;
-        let mut b = [0u8];
-        sf.file().read_exact_at(&mut b, off).unwrap();
-        sf.file().write_all_at(&[b[0] ^ 0x01], off).unwrap();
+        flip(&sf, s, 1234, 0x01);
         let mut buf = vec![0u8; PAGE_SIZE];
         assert!(matches!(sf.read(s, &mut buf), Err(SwapError::Corrupt { .. })));
         assert_eq!(sf.stats().checksum_failures, 1);
@@ -254,10 +259,7 @@ fn a_corrupt_packed_slot_fails_each_of_its_objects() {
     assert_ne!(at[0].0, at[3].0);
     let s = sf.stats();
     assert_eq!((s.pages_written, s.objects_written, s.slots_in_use), (2, 6, 2));
-    let off = u64::from(at[0].0) * PAGE_SIZE as u64 + 2000;
-    let mut b = [0u8];
-    sf.file().read_exact_at(&mut b, off).unwrap();
-    sf.file().write_all_at(&[b[0] ^ 1], off).unwrap();
+    flip(&sf, at[0].0, 2000, 1);
     let mut bufs = vec![vec![0u8; 1300]; 6];
     let mut reqs: Vec<(u32, u16, &mut [u8])> =
         at.iter().zip(bufs.iter_mut()).map(|(&(s, o), b)| (s, o, b.as_mut_slice())).collect();
@@ -315,10 +317,7 @@ fn read_batch_coalesces_neighbours_and_fails_only_the_corrupt_slot() {
         let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
         let slots = sf.write_batch(&refs).unwrap();
         // Flip a byte of slot 5.
-        let off = u64::from(slots[5]) * PAGE_SIZE as u64 + 9;
-        let mut b = [0u8; 1];
-        sf.file().read_exact_at(&mut b, off).unwrap();
-        sf.file().write_all_at(&[b[0] ^ 0x10], off).unwrap();
+        flip(&sf, slots[5], 9, 0x10);
         // Ask in a shuffled order, with an unaligned destination too.
         let order: Vec<usize> = (0..48).rev().collect();
         let mut bufs: Vec<Vec<u8>> = order.iter().map(|_| vec![0u8; PAGE_SIZE + 1]).collect();
@@ -423,10 +422,7 @@ fn a_corrupt_slot_read_ahead_is_still_corrupt() {
     let pages: Vec<Vec<u8>> = (0..16).map(|i| page(i + 3000)).collect();
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
     let slots = sf.write_batch(&refs).unwrap();
-    let off = u64::from(slots[3]) * PAGE_SIZE as u64 + 100;
-    let mut b = [0u8; 1];
-    sf.file().read_exact_at(&mut b, off).unwrap();
-    sf.file().write_all_at(&[b[0] ^ 0x40], off).unwrap();
+    flip(&sf, slots[3], 100, 0x40);
     sf.prefetch(&slots);
     let (r, bufs) = read_all(&sf, &slots);
     for (i, (r, b)) in r.iter().zip(&bufs).enumerate() {
