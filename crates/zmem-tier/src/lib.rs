@@ -379,6 +379,7 @@ impl Tier {
         let pool_meta: usize = pools.iter().map(|p| p.zs.metadata_bytes()).sum();
         let tree_bytes = self.entry_metadata_bytes();
         let swap_meta = self.swap.as_ref().map_or(0, SwapFile::metadata_bytes);
+        let swap = self.swap.as_ref().map(SwapFile::stats).unwrap_or_default();
         TierStats {
             stored_pages: r(&c.stored_pages),
             pool_total_size: self.pool_total_size() as u64,
@@ -402,8 +403,10 @@ impl Tier {
             cold_pool_loads: r(&c.cold_pool_loads),
             zswpwb: r(&c.written_back_pages),
             swap_pages: r(&c.swap_pages),
-            swap_slots: self.swap.as_ref().map_or(0, |s| s.stats().slots_in_use),
-            swap_written_bytes: self.swap.as_ref().map_or(0, |s| s.stats().pages_written * PAGE_SIZE as u64),
+            swap_slots: swap.slots_in_use,
+            swap_written_bytes: swap.pages_written * PAGE_SIZE as u64,
+            swap_readahead_blocks: swap.readahead_blocks,
+            swap_readahead_hits: swap.readahead_hits,
             pools: pools.len() as u64,
             memory_bytes: (self.mempool.bytes_held() + pool_meta + tree_bytes + swap_meta) as u64,
         }

@@ -81,6 +81,11 @@ pub struct TierStats {
     /// Bytes written to the swap file, for `written_back_pages` pages:
     /// compressed writeback packs several pages per slot.
     pub swap_written_bytes: u64,
+    /// Slots of the swap file read ahead of the loads that wanted them
+    /// (swap-in read-ahead: `SwapFile::prefetch`), and slot reads that
+    /// found theirs read already.
+    pub swap_readahead_blocks: u64,
+    pub swap_readahead_hits: u64,
     /// Pool entries kept as the clean copy of a page that is mapped again
     /// (`Tier::retain_clean`).
     pub cached_pages: u64,
@@ -121,6 +126,8 @@ const HELP: &[(&str, &str, &str)] = &[
     ("swap_pages", "gauge", "Pages in the swap file"),
     ("swap_slots", "gauge", "4 KiB slots of the swap file in use"),
     ("swap_written_bytes", "counter", "Bytes written to the swap file"),
+    ("swap_readahead_blocks", "counter", "Swap file slots read ahead of the loads that wanted them"),
+    ("swap_readahead_hits", "counter", "Swap file slot reads served by read-ahead"),
     ("cached_pages", "gauge", "Pool entries kept as the clean copy of a page mapped again"),
     ("cached_reused", "counter", "Pages stored again unchanged: their cached entry was kept, nothing compressed"),
     ("cached_dropped", "counter", "Cached entries freed by the shrinker or because the page was written"),

@@ -823,6 +823,9 @@ fn a_walk_over_written_back_memory_reads_the_swap_file_ahead() {
         let reads = after.pages_read - before.pages_read;
         // The walk's first folios come before it is known for one.
         assert!(hits * 10 >= reads * 8, "{hits} of {reads} slot reads were read ahead: {after:?}");
+        // The tier's counters (`zmem stats`) are the file's.
+        let t = p.tier().stats();
+        assert_eq!((t.swap_readahead_blocks, t.swap_readahead_hits), (after.readahead_blocks, after.readahead_hits));
     }
 }
 
