@@ -219,7 +219,7 @@ impl SwapFile {
         // Marked under both locks, so a completion reaped meanwhile cannot
         // see a mark before its run is known.
         let mut g = self.lock();
-        let mut submitted = Vec::new();
+        let mut submitted = false;
         for (first, sums) in runs {
             let ticket = st.next;
             st.next += 1;
@@ -252,19 +252,20 @@ impl SwapFile {
             // file descriptor lives as long as `self`, whose drop waits for
             // every run.
             if unsafe { st.ring.submission().push(&entry) }.is_err() {
-                // The ring is full: what is left waits for the next call.
-                self.mempool.free_pages(run.pages);
+                // The ring is full: what is left waits for the next call
+                // (its pages go back with the rest, below).
+                pages.extend(run.pages);
                 break;
             }
             for (j, &sum) in sums.iter().enumerate().take(k) {
                 g.ahead.blocks.insert(first + j as u32, Block::InFlight { ticket, sum });
             }
             st.runs.insert(ticket, run);
-            submitted.push(ticket);
+            submitted = true;
         }
         drop(g);
         self.mempool.free_pages(pages);
-        if !submitted.is_empty() {
+        if submitted {
             if let Err(e) = st.ring.submit() {
                 log::debug!("io_uring submit: {e}");
             }

@@ -393,21 +393,9 @@ impl SwapFile {
 
     /// Writes whole `pages` to fresh slots, slot `i` holding `refs[i]` objects.
     fn write_blocks(&self, pages: &[&[u8]], refs: &[u16]) -> Result<Vec<Slot>, SwapError> {
-        let slots = {
-            let mut g = self.lock();
-            let slots = g.map.alloc(pages.len());
-            // Free slots have no read-ahead state (`free` forgets it); this
-            // only makes sure of it.
-            let mut free = Vec::new();
-            if !g.ahead.blocks.is_empty() {
-                for &s in &slots {
-                    g.ahead.forget(s, &mut free);
-                }
-            }
-            drop(g);
-            self.mempool.free_pages(free);
-            slots
-        };
+        // Free slots have no read-ahead state: `free` forgets it, and a
+        // prefetch marks only slots in use.
+        let slots = self.lock().map.alloc(pages.len());
         if slots.len() < pages.len() {
             self.free_all(&slots);
             return Err(SwapError::NoSpace { max_bytes: self.max_bytes });
