@@ -126,6 +126,20 @@ fn zstd_encode(data: &[u8]) -> Result<Vec<u8>> {
     zmem_compress::corpus::zstd_encode(data).context("zstd-compress the capture")
 }
 
+/// `zmem stats 1234 | head`: a write to a closed pipe ends the process
+/// quietly (SIGPIPE), as it does `cat`, rather than panicking in
+/// `println!` (Rust starts with SIGPIPE ignored). Only for commands that
+/// change nothing: `zmem run` must outlive whatever happens to its output
+/// while the program runs, and `usemem`, `compare` and `bench soak` write
+/// to their workers' pipes and must live to restore the machine (swap,
+/// cgroups, zswap) if a worker dies.
+#[allow(unsafe_code)]
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: sets a signal's disposition to the default action, before
+    // any thread is started; no handler of ours is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     zmem_common::init_stderr_logger();
@@ -138,10 +152,20 @@ fn main() -> ExitCode {
             }
         };
     }
+    if matches!(
+        cli.cmd,
+        Cmd::Stats(_)
+            | Cmd::Corpus { .. }
+            | Cmd::Bench {
+                what: BenchCmd::Compress(_) | BenchCmd::Zsmalloc(_) | BenchCmd::Tier(_) | BenchCmd::Fault(_)
+            }
+    ) {
+        die_quietly_on_a_closed_pipe();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A closed pipe (`zmem bench … | head`) is not an error.
+            // A closed pipe (`zmem usemem … | head`) is not an error.
             if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
             {
                 return ExitCode::SUCCESS;

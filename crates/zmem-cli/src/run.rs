@@ -209,6 +209,13 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
     let status = cmd.status().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
     drop(tree);
+    // The stats files of the tree's processes that could not remove their
+    // own (killed by a signal, `_exit`), in the default directory only (see
+    // `zmem_common::stats_files`).
+    let uid = zmem_common::stats_files::effective_uid(std::process::id());
+    if uid.is_some_and(|u| settings.stats_dir == zmem_settings::default_stats_dir(u)) {
+        zmem_common::stats_files::sweep(&settings.stats_dir, 0);
+    }
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Ok(std::process::ExitCode::from(code as u8))
@@ -264,9 +271,10 @@ pub struct StatsArgs {
     json: bool,
     #[arg(long)]
     prometheus: bool,
-    /// Where the stats files are (ZMEM_STATS_DIR of the process).
-    #[arg(long, env = "ZMEM_STATS_DIR", default_value = "/tmp/zmem-stats")]
-    dir: PathBuf,
+    /// Where the stats files are (ZMEM_STATS_DIR of the process); default:
+    /// /tmp/zmem-stats-UID, UID the process's effective user.
+    #[arg(long, env = "ZMEM_STATS_DIR")]
+    dir: Option<PathBuf>,
 }
 
 /// Numeric leaves of a JSON object, with their dotted paths.
@@ -283,7 +291,15 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json
 }
 
 pub fn stats(args: &StatsArgs) -> Result<()> {
-    let path = args.dir.join(format!("zmem-{}.json", args.pid));
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            let uid = zmem_common::stats_files::effective_uid(args.pid)
+                .with_context(|| format!("no process {} (is it running?)", args.pid))?;
+            zmem_settings::default_stats_dir(uid)
+        }
+    };
+    let path = zmem_common::stats_files::path(&dir, args.pid);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!("no stats for pid {} at {} (is it running under `zmem run`?)", args.pid, path.display())
     })?;

@@ -968,6 +968,50 @@ fn zmem_stats_reads_a_running_process() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("zmem run"), "{}", text(&o));
 }
 
+/// In the default directory (`/tmp/zmem-stats-UID`, the user's own) a
+/// stats file lives as long as its process: removed as it exits, swept
+/// after one killed by a signal (by `zmem run` as it ends, and by the next
+/// process to start), so the directory never fills up (the old shared
+/// default had ~2,500 files of dead processes on a developer's machine).
+/// `zmem stats` finds it by the process's user, and its output piped into
+/// `head` ends quietly.
+#[test]
+fn stats_files_in_the_default_directory_live_as_long_as_their_process() {
+    let uid = zmem_common::stats_files::effective_uid(std::process::id()).unwrap();
+    let dir = zmem_settings::default_stats_dir(uid);
+    zmem_common::stats_files::prepare_dir(&dir, Some(uid)).unwrap();
+    // Left by a process that is gone (a pid past pid_max).
+    let stale = zmem_common::stats_files::path(&dir, 9_999_999);
+    std::fs::write(&stale, "{}").unwrap();
+    let d = dir.display();
+    let zmem_bin = env!("CARGO_BIN_EXE_zmem");
+    let script = format!(
+        "sleep 0.6 & p=$!; sleep 0.3; test -s {d}/zmem-$p.json && echo seen $p; \
+         wait $p; test -e {d}/zmem-$p.json || echo gone $p; \
+         test -s {d}/zmem-$$.json && echo present; {zmem_bin} stats $$ | head -1; echo pid $$; kill -9 $$"
+    );
+    let o = Command::new(zmem_bin)
+        .args(["run", "--limit", "32M", "--", "sh", "-c", &script])
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_STATS_INTERVAL_MS", "20")
+        .env_remove("ZMEM_STATS_DIR")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(128 + 9), "{}", text(&o));
+    let word = |w: &str| out.lines().find_map(|l| l.strip_prefix(w)).map(str::to_string);
+    // A child that exited removed its own file while the tree ran.
+    let child = word("seen ").unwrap_or_else(|| panic!("the child's stats file never appeared: {}", text(&o)));
+    assert_eq!(word("gone ").as_deref(), Some(child.as_str()), "{}", text(&o));
+    assert!(out.contains("present") && out.contains("zmem stats for pid"), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "{}", text(&o));
+    // The shell was killed: `zmem run` swept its file, and the stale one
+    // went with the first start.
+    let pid: u32 = word("pid ").unwrap().parse().unwrap();
+    assert!(!zmem_common::stats_files::path(&dir, pid).exists(), "{}", text(&o));
+    assert!(!stale.exists());
+}
+
 /// `include/zmem.h` from C, linked against the shim (no LD_PRELOAD).
 #[test]
 fn the_c_header_api_maps_checks_and_reports() {

@@ -6,6 +6,7 @@ use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWr
 
 pub mod fds;
 pub mod owned;
+pub mod stats_files;
 
 /// The size of one page of user memory (x86-64).
 pub const PAGE_SIZE: usize = 4096;

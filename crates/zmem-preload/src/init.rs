@@ -113,6 +113,7 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     // A child inherits no memory locks (mlockall's MCL_FUTURE included).
     LOCKED_ALL.store(false, Ordering::Relaxed);
+    crate::stats::after_fork_in_child();
     // SAFETY: this thread is the child's only one. First: the new pager's
     // handler takes its allocations there.
     unsafe { crate::heap::fork_child_side_heap() };
@@ -202,6 +203,11 @@ fn init() -> Option<Shim> {
     let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
     if r != 0 {
         log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
+    }
+    // SAFETY: registers a plain function with no arguments, which neither
+    // allocates nor unwinds; the shim is never unloaded.
+    if unsafe { libc::atexit(crate::stats::remove_at_exit) } != 0 {
+        log::warn!("atexit failed; the stats file stays after the exit (the next start sweeps it)");
     }
     Some(s)
 }

@@ -1,28 +1,120 @@
 //! The stats file `DIR/zmem-PID.json`, and the JSON `zmem_stats_json` returns.
 
-use std::sync::atomic::Ordering;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use zmem_common::stats_files;
 
 use crate::init::{current, Shim, LIVE};
 use crate::PAGE;
 
-/// (written to a temporary name and renamed, so readers see whole files).
-/// The stats file: `DIR/zmem-PID.json`, rewritten every `interval`
-pub(crate) fn stats_main(dir: &std::path::Path, interval: std::time::Duration) {
+/// Set for good once the process runs its exit handlers: no stats file is
+/// written from then on.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Set while the stats thread writes and renames its file (see
+/// `remove_at_exit`).
+static WRITING: AtomicBool = AtomicBool::new(false);
+/// The stats directory, for the exit handler (which must not allocate).
+static DIR: OnceLock<CString> = OnceLock::new();
+
+/// The stats file `DIR/zmem-PID.json`, rewritten every `interval` (see
+/// `zmem_common::stats_files`).
+pub(crate) fn stats_main(dir: &Path, interval: Duration) {
     let pid = std::process::id();
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        log::warn!("no stats directory {}: {e}", dir.display());
+    let euid = euid();
+    // The default directory is the user's own; one named by
+    // ZMEM_STATS_DIR is the user's choice.
+    let own = (dir == zmem_settings::default_stats_dir(euid)).then_some(euid);
+    if let Err(e) = stats_files::prepare_dir(dir, own) {
+        log::warn!("no stats file: {e}");
         return;
     }
-    let path = dir.join(format!("zmem-{pid}.json"));
-    let tmp = dir.join(format!(".zmem-{pid}.json.tmp"));
+    if own.is_some() {
+        // In the default directory a file lives as long as its process:
+        // gone at the exit (`remove_at_exit`), or swept here after a
+        // process that could not remove it. A directory the user named
+        // keeps each process's last stats after it exits, for scripts.
+        let _ = DIR.set(CString::new(dir.as_os_str().as_bytes()).unwrap_or_default());
+        stats_files::sweep(dir, pid);
+    }
     loop {
         if let Some(s) = current() {
             let json = stats_json(s);
-            if std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path)).is_err() {
+            // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
+            // or the handler sees WRITING and waits for the rename.
+            WRITING.store(true, Ordering::SeqCst);
+            if EXITING.load(Ordering::SeqCst) {
+                WRITING.store(false, Ordering::SeqCst);
+                return;
+            }
+            let r = stats_files::write(dir, pid, &json);
+            WRITING.store(false, Ordering::SeqCst);
+            if let Err(e) = r {
+                log::warn!("stats file {}: {e}; no more stats", stats_files::path(dir, pid).display());
                 return;
             }
         }
         std::thread::sleep(interval);
+    }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// In a forked child: the parent's stats thread is not here.
+pub(crate) fn after_fork_in_child() {
+    WRITING.store(false, Ordering::SeqCst);
+}
+
+/// The exit handler (`atexit`): this process's stats file in the default
+/// directory goes with it.
+/// It waits out a write in progress, at most 200 ms (a file on a sick disk
+/// must not hold up the exit), so that no rename brings the file back.
+/// No allocation: the program may exit with any lock held.
+pub(crate) extern "C" fn remove_at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    for _ in 0..200 {
+        if !WRITING.load(Ordering::SeqCst) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let Some(dir) = DIR.get() else { return };
+    let pid = std::process::id();
+    for (prefix, suffix) in [(&b"/zmem-"[..], &b".json"[..]), (b"/.zmem-", b".json.tmp")] {
+        let mut buf = [0u8; 4200];
+        let mut n = 0;
+        let mut put = |b: &[u8]| {
+            let end = (n + b.len()).min(buf.len() - 1);
+            buf[n..end].copy_from_slice(&b[..end - n]);
+            n = end;
+        };
+        put(dir.as_bytes());
+        put(prefix);
+        let mut digits = [0u8; 10];
+        let mut i = digits.len();
+        let mut p = pid;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (p % 10) as u8;
+            p /= 10;
+            if p == 0 {
+                break;
+            }
+        }
+        put(&digits[i..]);
+        put(suffix);
+        if n < buf.len() - 1 {
+            // SAFETY: buf holds a path of n bytes followed by a NUL
+            // (the array was zeroed and n < its length).
+            unsafe { libc::unlink(buf.as_ptr().cast()) };
+        }
     }
 }
 

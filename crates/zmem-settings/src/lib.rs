@@ -19,7 +19,7 @@
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
 //! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
-//! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats` | where `zmem-PID.json` is updated |
+//! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats-UID` | where `zmem-PID.json` is updated (UID: the effective user's; one directory per user, `0700`) |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
 //! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
 //! | `ZMEM_DISABLE` | `0` | `1`: the shim passes everything through |
@@ -63,6 +63,13 @@ pub struct Settings {
     /// The process tree's accounting segment (`zmem_uffd::tree`).
     pub tree: Option<PathBuf>,
     pub disable: bool,
+}
+
+/// Where a process of user `uid` writes its stats file unless
+/// `ZMEM_STATS_DIR` says otherwise: a directory of that user's own, so
+/// that no user's files land in (or fail in) a directory another made.
+pub fn default_stats_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/zmem-stats-{uid}"))
 }
 
 /// `1G`, `512M`, `64K` or bytes.
@@ -143,7 +150,7 @@ impl Default for Settings {
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,
             read_ahead: defaults::READ_AHEAD_BYTES,
-            stats_dir: PathBuf::from("/tmp/zmem-stats"),
+            stats_dir: default_stats_dir(rustix::process::geteuid().as_raw()),
             stats_interval: Duration::from_millis(1000),
             tree: None,
             disable: false,
