@@ -99,6 +99,10 @@ fn preload_path() -> Result<PathBuf> {
 struct TreeFile {
     path: PathBuf,
     tree: Tree,
+    /// Open without close-on-exec: the program inherits it, and so do the
+    /// processes it starts, which then join the tree through it even
+    /// after dropping privileges (`Tree::open`).
+    _inherited: rustix::fd::OwnedFd,
 }
 
 impl TreeFile {
@@ -119,7 +123,8 @@ impl TreeFile {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("{}{}-{nanos:x}", Self::PREFIX, std::process::id()));
         let tree = Tree::create(&path, limit).with_context(|| "create the process tree's accounting segment")?;
-        Ok(TreeFile { path, tree })
+        let _inherited = Tree::inheritable(&path).with_context(|| "open the process tree's accounting segment")?;
+        Ok(TreeFile { path, tree, _inherited })
     }
 
     /// Segments of earlier runs whose processes are all gone.
@@ -212,9 +217,8 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The stats files of the tree's processes that could not remove their
     // own (killed by a signal, `_exit`), in the default directory only (see
     // `zmem_common::stats_files`).
-    let uid = zmem_common::stats_files::effective_uid(std::process::id());
-    if uid.is_some_and(|u| settings.stats_dir == zmem_settings::default_stats_dir(u)) {
-        zmem_common::stats_files::sweep(&settings.stats_dir, 0);
+    if let (None, Some(uid)) = (&settings.stats_dir, zmem_common::stats_files::effective_uid(std::process::id())) {
+        zmem_common::stats_files::sweep(&zmem_settings::default_stats_dir(uid), 0);
     }
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));

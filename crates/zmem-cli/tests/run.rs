@@ -716,6 +716,158 @@ fn wait_for_redis(port: u32, server: &mut std::process::Child) {
     }
 }
 
+/// A PostgreSQL server under `zmem run`, as the `postgres` user when the
+/// tests run as root (it refuses root); killed with its whole tree if a
+/// check fails.
+struct Postgres {
+    bin: PathBuf,
+    dir: PathBuf,
+    /// `runuser …` or `zmem run` itself: the leader of the server's group.
+    leader: std::process::Child,
+    stats: PathBuf,
+}
+
+impl Postgres {
+    /// `Command` for a PostgreSQL program, run as `postgres` under root
+    /// (`runuser`, which is not set-uid: the shim loads in it).
+    fn command(program: &Path) -> Command {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+
+    fn start(limit: &str) -> Postgres {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL (Debian's postgresql; .ci/run installs it)")
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .find(|b| b.join("postgres").is_file() && b.join("initdb").is_file())
+            .expect("/usr/lib/postgresql/*/bin/postgres");
+        let dir = tmpdir("postgres");
+        let (swap, stats) = (dir.join("swap"), dir.join("stats"));
+        for d in [&swap, &stats] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let st = Command::new("chown").args(["-R", "postgres"]).arg(&dir).status().unwrap();
+            assert!(st.success(), "chown postgres {}", dir.display());
+        }
+        let data = dir.join("data");
+        let o = Self::command(&bin.join("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "initdb: {}", text(&o));
+        // As a root user starts a server that will not run as root: the
+        // privileges drop inside the tree, which must still share one
+        // limit (a process that could not open the tree's segment took the
+        // whole limit to itself).
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+        c.args(["run", "--limit", limit, "--swapfile", swap.to_str().unwrap(), "--"]);
+        let server = Self::command(&bin.join("postgres"));
+        c.arg(server.get_program()).args(server.get_args());
+        // No TCP: a socket in the test's own directory.
+        c.arg("-D").arg(&data).arg("-k").arg(&dir);
+        c.args(["-c", "listen_addresses=", "-c", "shared_buffers=16MB", "-c", "fsync=off"]);
+        c.env("ZMEM_PRELOAD", preload()).env("ZMEM_STATS_DIR", &stats).env("ZMEM_STATS_INTERVAL_MS", "50");
+        // The server's log and zmem's warnings, in a file: a pipe nobody
+        // reads would fill and stop the server.
+        c.stdout(Stdio::null()).stderr(std::fs::File::create(dir.join("server.log")).unwrap());
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        let leader = c.spawn().unwrap();
+        let mut pg = Postgres { bin, dir, leader, stats };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !pg.psql("select 1").status.success() {
+            assert!(pg.leader.try_wait().unwrap().is_none(), "postgres exited at start");
+            assert!(Instant::now() < deadline, "postgres did not start in 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        pg
+    }
+
+    fn psql(&self, sql: &str) -> Output {
+        Command::new("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-h"])
+            .arg(&self.dir)
+            .args(["-c", sql])
+            .output()
+            .expect("psql")
+    }
+
+    /// `sql`'s output; a failed statement fails the test.
+    fn query(&self, sql: &str) -> String {
+        let o = self.psql(sql);
+        assert!(o.status.success(), "{sql}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// A fast shutdown; `zmem run` then ends with the server's status.
+    /// Returns it.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let o = Self::command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["stop", "-m", "fast"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "pg_ctl stop: {}", text(&o));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = self.leader.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "zmem run did not end after the server stopped");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if self.leader.try_wait().ok().flatten().is_none() {
+            // SAFETY: signals the process group this test made; kill(2)
+            // touches no memory of ours.
+            unsafe { libc::kill(-(self.leader.id() as i32), libc::SIGKILL) };
+            let _ = self.leader.wait();
+        }
+    }
+}
+
+/// PostgreSQL, a forking server (a process per connection, shared memory,
+/// background workers), started as root does it (`zmem run -- runuser -u
+/// postgres -- postgres …`), under one limit for the whole tree: a
+/// backend sorts more than that limit in its private memory (`work_mem`),
+/// and the result is what the same sort gives on disk (a 4 MB
+/// `work_mem`: an external merge sort, little memory). A lost or stale
+/// page changes the digest.
+#[test]
+fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
+    let mut pg = Postgres::start("48M");
+    pg.query("create table t as select i, md5(i::text) as h from generate_series(1, 300000) i");
+    let sort =
+        |mem: &str| format!("set work_mem = '{mem}'; select count(*), md5(string_agg(h || i, ',' order by h)) from t");
+    let on_disk = pg.query(&sort("4MB"));
+    assert!(on_disk.starts_with("300000|"), "{on_disk}");
+    assert_eq!(pg.query(&sort("256MB")), on_disk, "an in-memory sort under zmem disagrees with the sort on disk");
+    let evicted = pager_max(&pg.stats, "evicted_folios");
+    assert!(evicted > 500, "the backend's sort was not evicted ({evicted} folios)");
+    // Every process of the tree joined it (a segment it could not open
+    // would have left its peak at 0 in that process's stats).
+    let peak = tree_peak(&pg.stats);
+    assert!(peak > 0 && peak <= 52 << 20, "the tree's peak usage {peak} B is off its 48 MiB limit");
+    let st = pg.stop();
+    let log = std::fs::read_to_string(pg.dir.join("server.log")).unwrap();
+    assert!(st.success(), "zmem run: {st:?}; {log}");
+    assert!(!log.contains("takes the whole limit"), "{log}");
+}
+
 /// Debian's redis-server (jemalloc inside) under a limit of a fraction of
 /// what it loads: it starts, takes 200k keys, saves them in the background
 /// (a fork) while it serves reads, and its whole dataset is then bit for

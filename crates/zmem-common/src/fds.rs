@@ -33,6 +33,22 @@ pub fn keep(fd: RawFd) {
     log::warn!("more than {SLOTS} descriptors kept: descriptor {fd} is not protected from the program's close");
 }
 
+/// Descriptors kept for the process's whole life, pager or not: the
+/// process tree's segment, inherited from `zmem run`. A forked child that
+/// abandons its parent's pager ([`take_all`]) keeps these.
+static FOR_GOOD: [AtomicI32; 4] = [const { AtomicI32::new(-1) }; 4];
+
+/// Keeps `fd` from the program's `close` family for good (see
+/// [`FOR_GOOD`]); a no-op if it is kept already.
+pub fn keep_for_good(fd: RawFd) {
+    if fd < 0 || is_kept(fd) {
+        return;
+    }
+    if !FOR_GOOD.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+        log::warn!("descriptor {fd} is not protected from the program's close");
+    }
+}
+
 /// Lets the program's `close` family reach `fd` again (zmem is about to
 /// close it itself).
 pub fn forget(fd: RawFd) {
@@ -45,15 +61,15 @@ pub fn forget(fd: RawFd) {
 
 /// Whether `fd` is one zmem keeps.
 pub fn is_kept(fd: RawFd) -> bool {
-    fd >= 0 && KEPT.iter().any(|s| s.load(Ordering::Acquire) == fd)
+    fd >= 0 && KEPT.iter().chain(&FOR_GOOD).any(|s| s.load(Ordering::Acquire) == fd)
 }
 
 /// The kept descriptors, sorted, in `out`; returns how many.
 pub fn kept(out: &mut [RawFd; SLOTS]) -> usize {
     let mut n = 0;
-    for s in &KEPT {
+    for s in KEPT.iter().chain(&FOR_GOOD) {
         let fd = s.load(Ordering::Acquire);
-        if fd >= 0 {
+        if fd >= 0 && n < out.len() {
             out[n] = fd;
             n += 1;
         }
@@ -62,7 +78,8 @@ pub fn kept(out: &mut [RawFd; SLOTS]) -> usize {
     n
 }
 
-/// Empties the table into `out` and returns how many there were: in a
+/// Empties the table (not the descriptors kept for good) into `out` and
+/// returns how many there were: in a
 /// forked child, the parent's pager's descriptors, which the child closes
 /// as it abandons that pager (the program's own files may get those
 /// numbers next, and must be its to close).
@@ -131,5 +148,21 @@ mod tests {
         assert!(out[..n].contains(&raw));
         drop(k);
         assert!(!is_kept(raw));
+    }
+
+    #[test]
+    fn a_descriptor_kept_for_good_outlives_take_all() {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let raw = fd.as_raw_fd();
+        keep_for_good(raw);
+        let mut out = [0; SLOTS];
+        let n = take_all(&mut out);
+        assert!(!out[..n].contains(&raw));
+        assert!(is_kept(raw));
+        let n = kept(&mut out);
+        assert!(out[..n].contains(&raw));
+        for s in &FOR_GOOD {
+            let _ = s.compare_exchange(raw, -1, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 }

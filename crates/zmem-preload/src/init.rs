@@ -252,7 +252,7 @@ fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim>
     let interval = settings.stats_interval;
     let spawned = std::thread::Builder::new().name("zmem-stats".into()).spawn(move || {
         mark_internal_thread();
-        stats_main(&stats_dir, interval);
+        stats_main(stats_dir.as_deref(), interval);
     });
     if let Err(e) = spawned {
         log::warn!("no stats thread: {e}");

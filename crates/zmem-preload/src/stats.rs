@@ -2,12 +2,12 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, TryLockError};
 use std::time::Duration;
 
-use zmem_common::stats_files;
+use zmem_common::{stats_files, LockExt};
 
 use crate::init::{current, Shim, LIVE};
 use crate::PAGE;
@@ -18,31 +18,36 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// Set while the stats thread writes and renames its file (see
 /// `remove_at_exit`).
 static WRITING: AtomicBool = AtomicBool::new(false);
-/// The stats directory, for the exit handler (which must not allocate).
-static DIR: OnceLock<CString> = OnceLock::new();
+/// The default directory the file is in now, for the exit handler (which
+/// must not allocate, and only tries the lock).
+static DIR: Mutex<Option<CString>> = Mutex::new(None);
 
 /// The stats file `DIR/zmem-PID.json`, rewritten every `interval` (see
-/// `zmem_common::stats_files`).
-pub(crate) fn stats_main(dir: &Path, interval: Duration) {
+/// `zmem_common::stats_files`), in the directory `named` by
+/// `ZMEM_STATS_DIR` or else the effective user's default one: a forked
+/// child that drops privileges before it execs (`runuser`, `su`) goes on
+/// writing in its new user's.
+pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     let pid = std::process::id();
-    let euid = euid();
-    // The default directory is the user's own; one named by
-    // ZMEM_STATS_DIR is the user's choice.
-    let own = (dir == zmem_settings::default_stats_dir(euid)).then_some(euid);
-    if let Err(e) = stats_files::prepare_dir(dir, own) {
-        log::warn!("no stats file: {e}");
-        return;
-    }
-    if own.is_some() {
-        // In the default directory a file lives as long as its process:
-        // gone at the exit (`remove_at_exit`), or swept here after a
-        // process that could not remove it. A directory the user named
-        // keeps each process's last stats after it exits, for scripts.
-        let _ = DIR.set(CString::new(dir.as_os_str().as_bytes()).unwrap_or_default());
-        stats_files::sweep(dir, pid);
-    }
+    // The directory made ready, and for which effective user.
+    let mut ready: Option<(u32, PathBuf)> = None;
     loop {
         if let Some(s) = current() {
+            let euid = euid();
+            if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
+                if let Some((_, old)) = &ready {
+                    // Where the old user's rights still reach it.
+                    let _ = std::fs::remove_file(stats_files::path(old, pid));
+                }
+                match prepare(named, euid, pid) {
+                    Ok(d) => ready = Some((euid, d)),
+                    Err(e) => {
+                        log::warn!("no stats file: {e}");
+                        return;
+                    }
+                }
+            }
+            let dir = &ready.as_ref().expect("made ready above").1;
             let json = stats_json(s);
             // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
             // or the handler sees WRITING and waits for the rename.
@@ -60,6 +65,24 @@ pub(crate) fn stats_main(dir: &Path, interval: Duration) {
         }
         std::thread::sleep(interval);
     }
+}
+
+/// Makes the stats directory ready for a process of `euid`: the one
+/// `named` by ZMEM_STATS_DIR (the user's choice: each process's last stats
+/// stay there after it exits, for scripts), or the user's own default one,
+/// where a file lives as long as its process: removed at the exit
+/// (`remove_at_exit`), and swept here after a process that could not
+/// (killed by a signal).
+fn prepare(named: Option<&Path>, euid: u32, pid: u32) -> std::io::Result<PathBuf> {
+    if let Some(d) = named {
+        stats_files::prepare_dir(d, None)?;
+        return Ok(d.to_path_buf());
+    }
+    let d = zmem_settings::default_stats_dir(euid);
+    stats_files::prepare_dir(&d, Some(euid))?;
+    stats_files::sweep(&d, pid);
+    *DIR.lock_ok() = CString::new(d.as_os_str().as_bytes()).ok();
+    Ok(d)
 }
 
 fn euid() -> u32 {
@@ -85,7 +108,14 @@ pub(crate) extern "C" fn remove_at_exit() {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    let Some(dir) = DIR.get() else { return };
+    let guard = match DIR.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        // The stats thread is in `prepare` this very moment: the file is
+        // left for a sweep.
+        Err(TryLockError::WouldBlock) => return,
+    };
+    let Some(dir) = guard.as_ref() else { return };
     let pid = std::process::id();
     for (prefix, suffix) in [(&b"/zmem-"[..], &b".json"[..]), (b"/.zmem-", b".json.tmp")] {
         let mut buf = [0u8; 4200];

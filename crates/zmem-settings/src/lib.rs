@@ -58,7 +58,10 @@ pub struct Settings {
     pub fault_around: usize,
     /// `PagerConfig::read_ahead`.
     pub read_ahead: usize,
-    pub stats_dir: PathBuf,
+    /// `ZMEM_STATS_DIR`; `None`: [`default_stats_dir`] of the process's
+    /// effective user at the time of each write (a forked child may drop
+    /// privileges before it execs).
+    pub stats_dir: Option<PathBuf>,
     pub stats_interval: Duration,
     /// The process tree's accounting segment (`zmem_uffd::tree`).
     pub tree: Option<PathBuf>,
@@ -150,7 +153,7 @@ impl Default for Settings {
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,
             read_ahead: defaults::READ_AHEAD_BYTES,
-            stats_dir: default_stats_dir(rustix::process::geteuid().as_raw()),
+            stats_dir: None,
             stats_interval: Duration::from_millis(1000),
             tree: None,
             disable: false,
@@ -213,7 +216,7 @@ impl Settings {
                     }
                     s.read_ahead = r;
                 }
-                "ZMEM_STATS_DIR" => s.stats_dir = PathBuf::from(v),
+                "ZMEM_STATS_DIR" => s.stats_dir = (!v.is_empty()).then(|| PathBuf::from(v)),
                 "ZMEM_STATS_INTERVAL_MS" => {
                     let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
                     s.stats_interval = Duration::from_millis(ms.max(10));

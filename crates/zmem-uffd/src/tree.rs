@@ -110,6 +110,32 @@ impl Drop for Tree {
     }
 }
 
+/// A descriptor of the segment at `path` among those this process holds
+/// (one `zmem run` opened and every process since inherited), kept from
+/// the program's `close` for good (a forked child keeps it too). A process that dropped privileges on
+/// the way (`runuser -u postgres -- postgres …` under a root `zmem run`)
+/// cannot open the segment (`0600`, root's) by its name: without this it
+/// took the tree's whole limit to itself, and the tree's footprint went
+/// past the limit. The file must be the one `path` names now (same device
+/// and inode): a descriptor number the program reused for something else
+/// is never taken for it.
+fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
+    let want = rustix::fs::stat(path).ok()?;
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+    let fds: Vec<std::os::fd::RawFd> =
+        dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
+    let fd = fds.into_iter().find(|&fd| {
+        // SAFETY: fstat on a number that may be closed meanwhile reads
+        // nothing of ours: it fails with EBADF or describes whatever the
+        // number names now, which the inode check then rejects.
+        let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+        rustix::fs::fstat(b)
+            .is_ok_and(|st| st.st_dev == want.st_dev && st.st_ino == want.st_ino && st.st_size == SIZE as i64)
+    })?;
+    zmem_common::fds::keep_for_good(fd);
+    Some(fd)
+}
+
 impl Tree {
     /// Creates a segment at `path` (which must not exist) for a tree under
     /// `limit` bytes.
@@ -134,23 +160,47 @@ impl Tree {
         Ok(t)
     }
 
-    /// Opens the segment at `path`.
+    /// Opens the segment at `path`: through a descriptor of it this
+    /// process inherited, if it has one (see [`inherited`]), else by its
+    /// name.
     ///
     /// # Errors
     /// The file cannot be opened or mapped, or is not a segment.
     pub fn open(path: &Path) -> Result<Tree, TreeError> {
         use rustix::fs::{Mode, OFlags};
         let io = |err| TreeError::Io { path: path.display().to_string(), err };
-        let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(io)?;
-        if rustix::fs::fstat(&fd).map_err(io)?.st_size != SIZE as i64 {
-            return Err(TreeError::Format(path.display().to_string()));
-        }
-        let t = Tree::map(fd.as_fd()).map_err(io)?;
+        let t = match inherited(path) {
+            Some(fd) => {
+                // SAFETY: `inherited` found fd open, and keeps it open for
+                // the rest of the process's life.
+                let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+                Tree::map(fd).map_err(io)?
+            }
+            None => {
+                let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(io)?;
+                if rustix::fs::fstat(&fd).map_err(io)?.st_size != SIZE as i64 {
+                    return Err(TreeError::Format(path.display().to_string()));
+                }
+                Tree::map(fd.as_fd()).map_err(io)?
+            }
+        };
         let h = t.header();
         if h.magic.load(Ordering::Acquire) != MAGIC || h.version.load(Ordering::Relaxed) != VERSION {
             return Err(TreeError::Format(path.display().to_string()));
         }
         Ok(t)
+    }
+
+    /// A descriptor of the segment at `path` that this process may pass
+    /// on: `zmem run` keeps one open, without close-on-exec, for the
+    /// program to inherit (`inheritable`).
+    ///
+    /// # Errors
+    /// Opening it.
+    pub fn inheritable(path: &Path) -> Result<rustix::fd::OwnedFd, TreeError> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open(path, OFlags::RDWR, Mode::empty())
+            .map_err(|err| TreeError::Io { path: path.display().to_string(), err })
     }
 
     fn map(fd: rustix::fd::BorrowedFd<'_>) -> rustix::io::Result<Tree> {
@@ -348,6 +398,33 @@ mod tests {
         let p = std::env::temp_dir().join(format!("zmem-tree-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&p);
         p
+    }
+
+    /// The descriptor `zmem run` passes on is how a process joins the
+    /// tree (it may no longer have the right to open the segment by name),
+    /// and it is kept from the program's `close` for good; a descriptor of
+    /// another segment is never taken for it.
+    #[test]
+    fn a_process_joins_through_an_inherited_descriptor_of_its_own_segment_only() {
+        use std::os::fd::AsRawFd;
+        let (p, q) = (path("inherit"), path("inherit-other"));
+        let _t = Tree::create(&p, 64 << 20).unwrap();
+        let _u = Tree::create(&q, 32 << 20).unwrap();
+        let fd = Tree::inheritable(&p).unwrap();
+        let raw = fd.as_raw_fd();
+        assert!(!zmem_common::fds::is_kept(raw));
+        // q's segment: p's descriptor is not it, and q is opened by name.
+        assert_eq!(inherited(&q), None);
+        assert_eq!(Tree::open(&q).unwrap().limit(), 32 << 20);
+        assert_eq!(inherited(&p), Some(raw));
+        assert!(zmem_common::fds::is_kept(raw), "an inherited segment must be kept from the program's close");
+        assert_eq!(Tree::open(&p).unwrap().limit(), 64 << 20);
+        // Without CLOEXEC: the program's children inherit it in turn.
+        let flags = rustix::io::fcntl_getfd(&fd).unwrap();
+        assert!(!flags.contains(rustix::io::FdFlags::CLOEXEC));
+        for f in [&p, &q] {
+            std::fs::remove_file(f).unwrap();
+        }
     }
 
     #[test]
