@@ -7,8 +7,12 @@
 //! `compact()`. Freeing bumps the slot's generation, so a stale handle or a
 //! second free is detected instead of touching another object.
 //!
-//! The table is a two-level array of atomics that only grows: chunks are
-//! installed once and never moved, so a slot can be read without a lock.
+//! The table is a three-level array of atomics that only grows: its
+//! directories and chunks are installed once and never moved, so a slot
+//! can be read without a lock. Only the top directory is made up front (3
+//! KiB): a flat directory for all 2^28 handles took 384 KiB, written at
+//! creation, in every process under `zmem run` (a forking server's every
+//! backend) whether it ever stored a page or not.
 //! Readers load the slot, take the class lock it names, and load it again
 //! (the class of a live object never changes; see `tests/loom.rs`).
 
@@ -19,15 +23,20 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 const CHUNK_BITS: u32 = 14;
 #[cfg(not(loom))]
-const CHUNKS: usize = 1 << 14;
+const MID_BITS: u32 = 7;
+#[cfg(not(loom))]
+const TOP: usize = 1 << 7;
 // Loom tracks every atomic: keep the modelled table tiny.
 #[cfg(loom)]
 const CHUNK_BITS: u32 = 1;
 #[cfg(loom)]
-const CHUNKS: usize = 2;
+const MID_BITS: u32 = 1;
+#[cfg(loom)]
+const TOP: usize = 1;
 const CHUNK: usize = 1 << CHUNK_BITS;
+const MID: usize = 1 << MID_BITS;
 /// The most handles a pool can have live: 2^28.
-pub const MAX_HANDLES: usize = CHUNK * CHUNKS;
+pub const MAX_HANDLES: usize = CHUNK * MID * TOP;
 
 /// An opaque reference to an object of a [`crate::ZsPool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,9 +124,13 @@ pub enum Lookup {
 
 #[doc(hidden)]
 pub struct HandleTable {
-    chunks: Box<[OnceLock<Box<[AtomicU64]>>]>,
+    /// `MID` chunks per directory, `CHUNK` slots per chunk.
+    top: Box<[OnceLock<Directory>]>,
     next: AtomicU32,
 }
+
+type Chunk = Box<[AtomicU64]>;
+type Directory = Box<[OnceLock<Chunk>]>;
 
 impl std::fmt::Debug for HandleTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,12 +146,13 @@ impl Default for HandleTable {
 
 impl HandleTable {
     pub fn new() -> Self {
-        HandleTable { chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(), next: AtomicU32::new(0) }
+        HandleTable { top: (0..TOP).map(|_| OnceLock::new()).collect(), next: AtomicU32::new(0) }
     }
 
     fn slot_ref(&self, index: u32) -> Option<&AtomicU64> {
         let i = index as usize;
-        let chunk = self.chunks.get(i >> CHUNK_BITS)?.get()?;
+        let c = i >> CHUNK_BITS;
+        let chunk = self.top.get(c >> MID_BITS)?.get()?.get(c & (MID - 1))?.get()?;
         chunk.get(i & (CHUNK - 1))
     }
 
@@ -149,8 +163,9 @@ impl HandleTable {
             self.next.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        self.chunks[i as usize >> CHUNK_BITS]
-            .get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice());
+        let c = i as usize >> CHUNK_BITS;
+        self.top[c >> MID_BITS].get_or_init(|| (0..MID).map(|_| OnceLock::new()).collect())[c & (MID - 1)]
+            .get_or_init(|| (0..CHUNK).map(|_| AtomicU64::new(0)).collect());
         Some(i)
     }
 
@@ -175,7 +190,42 @@ impl HandleTable {
 
     /// Memory the table itself takes.
     pub fn bytes(&self) -> usize {
-        let installed = self.chunks.iter().filter(|c| c.get().is_some()).count();
-        installed * CHUNK * 8 + CHUNKS * std::mem::size_of::<OnceLock<Box<[AtomicU64]>>>()
+        let dirs: Vec<&Directory> = self.top.iter().filter_map(OnceLock::get).collect();
+        let chunks = dirs.iter().flat_map(|d| d.iter()).filter(|c| c.get().is_some()).count();
+        chunks * CHUNK * std::mem::size_of::<AtomicU64>()
+            + dirs.len() * MID * std::mem::size_of::<OnceLock<Chunk>>()
+            + TOP * std::mem::size_of::<OnceLock<Directory>>()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A table costs next to nothing until handles are issued, then a
+    /// directory and a chunk at a time; every index up to the last issued
+    /// has its slot, and none past the end exists.
+    #[test]
+    fn the_table_grows_a_directory_and_a_chunk_at_a_time() {
+        let t = HandleTable::new();
+        let empty = t.bytes();
+        assert!(empty <= 4 << 10, "an empty table takes {empty} B");
+        assert_eq!(t.fresh_index(), Some(0));
+        assert_eq!(t.bytes(), empty + MID * std::mem::size_of::<OnceLock<Chunk>>() + CHUNK * 8);
+        t.store(0, Slot(7));
+        assert_eq!(t.load(0), Some(Slot(7)));
+        assert_eq!(t.load(1), Some(Slot(0)), "slots of an installed chunk read as never used");
+        assert_eq!(t.load(CHUNK as u32), None, "a chunk not installed has no slots");
+        // The next chunk, in the same directory, then one past it.
+        t.next.store((CHUNK * MID) as u32 - 1, Ordering::Relaxed);
+        let last_of_dir = t.fresh_index().unwrap();
+        let first_of_next = t.fresh_index().unwrap();
+        assert_eq!((last_of_dir as usize + 1, first_of_next as usize), (CHUNK * MID, CHUNK * MID));
+        t.store(first_of_next, Slot(9));
+        assert_eq!(t.load(first_of_next), Some(Slot(9)));
+        assert_eq!(t.load(last_of_dir), Some(Slot(0)));
+        t.next.store(MAX_HANDLES as u32, Ordering::Relaxed);
+        assert_eq!(t.fresh_index(), None);
+        assert_eq!(t.load(u32::MAX), None);
     }
 }
