@@ -1137,10 +1137,19 @@ fn stats_files_in_the_default_directory_live_as_long_as_their_process() {
     std::fs::write(&stale, "{}").unwrap();
     let d = dir.display();
     let zmem_bin = env!("CARGO_BIN_EXE_zmem");
+    // A child that exits when told (`head` reading a FIFO; it exits
+    // through exit(3), as dash does not: `_exit`), and waits of up to
+    // 20 s for each stats file to appear: a loaded machine is slow to
+    // start a pager.
+    let fifo = tmpdir("stats-default").join("go");
+    let f = fifo.display();
     let script = format!(
-        "sleep 0.6 & p=$!; sleep 0.3; test -s {d}/zmem-$p.json && echo seen $p; \
-         wait $p; test -e {d}/zmem-$p.json || echo gone $p; \
-         test -s {d}/zmem-$$.json && echo present; {zmem_bin} stats $$ | head -1; echo pid $$; kill -9 $$"
+        "wait_for() {{ i=0; until [ -s \"$1\" ] || [ $i -ge 400 ]; do sleep 0.05; i=$((i+1)); done; }}; \
+         mkfifo {f}; head -c 1 {f} > /dev/null & p=$!; \
+         wait_for {d}/zmem-$p.json; test -s {d}/zmem-$p.json && echo seen $p; \
+         echo go > {f}; wait $p; test -e {d}/zmem-$p.json || echo gone $p; \
+         wait_for {d}/zmem-$$.json; test -s {d}/zmem-$$.json && echo present; \
+         {zmem_bin} stats $$ | head -1; echo pid $$; kill -9 $$"
     );
     let o = Command::new(zmem_bin)
         .args(["run", "--limit", "32M", "--", "sh", "-c", &script])
