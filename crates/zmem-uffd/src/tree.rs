@@ -160,29 +160,31 @@ impl Tree {
         Ok(t)
     }
 
-    /// Opens the segment at `path`: through a descriptor of it this
-    /// process inherited, if it has one (see [`inherited`]), else by its
-    /// name.
+    /// Opens the segment at `path` by its name, or where this process
+    /// may not (it dropped privileges since `zmem run` made it), through a
+    /// descriptor of it that it inherited (see [`inherited`]).
     ///
     /// # Errors
     /// The file cannot be opened or mapped, or is not a segment.
     pub fn open(path: &Path) -> Result<Tree, TreeError> {
         use rustix::fs::{Mode, OFlags};
+        use rustix::io::Errno;
         let io = |err| TreeError::Io { path: path.display().to_string(), err };
-        let t = match inherited(path) {
-            Some(fd) => {
-                // SAFETY: `inherited` found fd open, and keeps it open for
-                // the rest of the process's life.
-                let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-                Tree::map(fd).map_err(io)?
-            }
-            None => {
-                let fd = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(io)?;
+        let t = match rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+            Ok(fd) => {
                 if rustix::fs::fstat(&fd).map_err(io)?.st_size != SIZE as i64 {
                     return Err(TreeError::Format(path.display().to_string()));
                 }
                 Tree::map(fd.as_fd()).map_err(io)?
             }
+            Err(e @ (Errno::ACCESS | Errno::PERM)) => {
+                let fd = inherited(path).ok_or_else(|| io(e))?;
+                // SAFETY: `inherited` found fd open, and keeps it open for
+                // the rest of the process's life.
+                let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+                Tree::map(fd).map_err(io)?
+            }
+            Err(e) => return Err(io(e)),
         };
         let h = t.header();
         if h.magic.load(Ordering::Acquire) != MAGIC || h.version.load(Ordering::Relaxed) != VERSION {
