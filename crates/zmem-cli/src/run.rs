@@ -275,8 +275,8 @@ pub struct StatsArgs {
     json: bool,
     #[arg(long)]
     prometheus: bool,
-    /// Where the stats files are (ZMEM_STATS_DIR of the process); default:
-    /// /tmp/zmem-stats-UID, UID the process's effective user.
+    /// Where the stats files are; default: the ZMEM_STATS_DIR the process
+    /// started with, else /tmp/zmem-stats-UID (UID: its effective user).
     #[arg(long, env = "ZMEM_STATS_DIR")]
     dir: Option<PathBuf>,
 }
@@ -294,9 +294,19 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json
     }
 }
 
+/// The `ZMEM_STATS_DIR` process `pid` started with, if it had one and its
+/// environment can be read (this user's process, or root): `zmem stats
+/// PID` then needs no `--dir`. (`zmem run` makes the directory absolute.)
+fn stats_dir_of(pid: u32) -> Option<PathBuf> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let v = env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(b"ZMEM_STATS_DIR="))?;
+    let v = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(v);
+    (!v.is_empty()).then(|| PathBuf::from(v))
+}
+
 pub fn stats(args: &StatsArgs) -> Result<()> {
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
+    let dir = match args.dir.clone().or_else(|| stats_dir_of(args.pid)) {
+        Some(d) => d,
         None => {
             let uid = zmem_common::stats_files::effective_uid(args.pid)
                 .with_context(|| format!("no process {} (is it running?)", args.pid))?;

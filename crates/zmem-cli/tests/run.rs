@@ -1112,7 +1112,9 @@ fn zmem_stats_reads_a_running_process() {
         members.iter().any(|m| m["pid"].as_u64() == pid.parse().ok() && m["usage_bytes"].as_u64() > Some(0)),
         "{v}"
     );
-    let o = zmem(&["stats", pid], &[("ZMEM_STATS_DIR", dir)], 30);
+    // No --dir: the directory the process started with (its environment).
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_zmem")).args(["stats", pid]).env_remove("ZMEM_STATS_DIR").output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("tier.zswpout") && out.contains("process tree: limit 32.0 MiB"), "{}", text(&o));
     assert!(child.wait().unwrap().success());
