@@ -1,6 +1,7 @@
 //! The stats file `DIR/zmem-PID.json`, and the JSON `zmem_stats_json` returns.
 
 use std::ffi::CString;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,32 +118,12 @@ pub(crate) extern "C" fn remove_at_exit() {
     };
     let Some(dir) = guard.as_ref() else { return };
     let pid = std::process::id();
-    for (prefix, suffix) in [(&b"/zmem-"[..], &b".json"[..]), (b"/.zmem-", b".json.tmp")] {
+    for name in [format_args!("/zmem-{pid}.json\0"), format_args!("/.zmem-{pid}.json.tmp\0")] {
+        // Formatted into a buffer on the stack: neither step allocates.
         let mut buf = [0u8; 4200];
-        let mut n = 0;
-        let mut put = |b: &[u8]| {
-            let end = (n + b.len()).min(buf.len() - 1);
-            buf[n..end].copy_from_slice(&b[..end - n]);
-            n = end;
-        };
-        put(dir.as_bytes());
-        put(prefix);
-        let mut digits = [0u8; 10];
-        let mut i = digits.len();
-        let mut p = pid;
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (p % 10) as u8;
-            p /= 10;
-            if p == 0 {
-                break;
-            }
-        }
-        put(&digits[i..]);
-        put(suffix);
-        if n < buf.len() - 1 {
-            // SAFETY: buf holds a path of n bytes followed by a NUL
-            // (the array was zeroed and n < its length).
+        let mut rest = &mut buf[..];
+        if rest.write_all(dir.as_bytes()).and_then(|()| rest.write_fmt(name)).is_ok() {
+            // SAFETY: buf holds the path and the NUL written after it.
             unsafe { libc::unlink(buf.as_ptr().cast()) };
         }
     }
