@@ -61,9 +61,14 @@ pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
     let tmp = tmp_path(dir, pid);
     let _ = std::fs::remove_file(&tmp);
     let mut f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
-    f.write_all(json.as_bytes())?;
-    drop(f);
-    std::fs::rename(&tmp, path(dir, pid))
+    let r = f.write_all(json.as_bytes()).and_then(|()| std::fs::rename(&tmp, path(dir, pid)));
+    if r.is_err() {
+        // A full disk, or a file this process may no longer replace (a
+        // sticky directory after a change of user): no half-written
+        // temporary file stays behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 /// The effective uid of process `pid` (the `Uid:` line of its status):
@@ -143,6 +148,18 @@ mod tests {
         write(&d, 7, "{}").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert!(!std::fs::symlink_metadata(path(&d, 7)).unwrap().file_type().is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_write_that_fails_leaves_no_temporary_file() {
+        let d = scratch("fail");
+        prepare_dir(&d, None).unwrap();
+        // The file's name taken by a directory: the rename fails (EISDIR),
+        // as it does for a file this process may no longer replace.
+        std::fs::create_dir_all(path(&d, 7).join("x")).unwrap();
+        assert!(write(&d, 7, "{}").is_err());
+        assert!(!tmp_path(&d, 7).exists());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
