@@ -31,6 +31,7 @@
 //! (otherwise they are leaked), so a `Page` never dangles.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use zmem_common::{unpoison, LockExt};
@@ -80,7 +81,8 @@ pub struct MempoolConfig {
     pub min_nr: usize,
     /// Pages per arena mapping (2 MiB by default).
     pub arena_pages: usize,
-    /// Free resident pages kept for reuse; more go back to the OS.
+    /// Free resident pages kept for reuse; more go back to the OS
+    /// ([`Mempool::set_high_watermark`] changes it).
     pub high_watermark: usize,
     /// The most pages step 1 may have out at once (a memory limit); `None`
     /// for no limit other than mmap failing. The reserve comes on top.
@@ -180,6 +182,12 @@ pub struct Mempool {
     cfg: MempoolConfig,
     inner: Mutex<Inner>,
     freed: Condvar,
+    /// Free resident pages kept for reuse (the high watermark now).
+    keep: AtomicUsize,
+    /// Pages out, free and resident, and in the reserve: what this mempool
+    /// holds of the OS's memory, mirrored from `Inner` at the end of each
+    /// change so that a limit check reads it without the lock.
+    resident: AtomicUsize,
 }
 
 impl std::fmt::Debug for Mempool {
@@ -210,6 +218,8 @@ impl Mempool {
                 stats: MempoolStats::default(),
             }),
             freed: Condvar::new(),
+            keep: AtomicUsize::new(cfg.high_watermark),
+            resident: AtomicUsize::new(0),
             cfg,
         };
         {
@@ -220,6 +230,7 @@ impl Mempool {
                 p.as_mut_slice()[0] = 0;
                 g.reserve.push(p);
             }
+            pool.mirror(&g);
         }
         Ok(pool)
     }
@@ -230,6 +241,32 @@ impl Mempool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock_ok()
+    }
+
+    /// Publishes what `g` holds resident (see `resident`).
+    fn mirror(&self, g: &Inner) {
+        let pages = g.out_normal + g.out_reserve + g.free.len() + g.reserve.len();
+        self.resident.store(pages, Ordering::Relaxed);
+    }
+
+    /// Bytes of the OS's memory this mempool holds: pages out, free pages
+    /// kept for reuse, the reserve (not its bookkeeping, which
+    /// [`bytes_held`](Self::bytes_held) adds). One relaxed load: a memory
+    /// limit's check may call it per fault.
+    pub fn resident_bytes(&self) -> usize {
+        self.resident.load(Ordering::Relaxed) * PAGE_SIZE
+    }
+
+    /// Keeps at most about `pages` free resident pages for reuse from now
+    /// on (the rest go back to the OS at the next frees): a small memory
+    /// limit should not pay for a large cache.
+    pub fn set_high_watermark(&self, pages: usize) {
+        self.keep.store(pages, Ordering::Relaxed);
+    }
+
+    /// The high watermark now.
+    pub fn high_watermark(&self) -> usize {
+        self.keep.load(Ordering::Relaxed)
     }
 
     /// One page, by the same steps as a bulk request of one.
@@ -291,6 +328,7 @@ impl Mempool {
         g.stats.reserve_allocs += u64::from(from_reserve);
         g.stats.waits += u64::from(waited);
         g.stats.partial_allocs += u64::from(got < n);
+        self.mirror(&g);
         got
     }
 
@@ -316,12 +354,15 @@ impl Mempool {
                     g.free.push(p);
                 }
             }
-            let keep = self.cfg.high_watermark;
+            let keep = self.keep.load(Ordering::Relaxed);
             if g.free.len() >= keep + RELEASE_BATCH {
                 let n = g.free.len() - keep / 2;
                 let at = g.free.len() - n;
                 to_release = g.free.split_off(at);
             }
+            // The pages to release count as gone already: they are,
+            // within microseconds, and no one can allocate them meanwhile.
+            self.mirror(&g);
         }
         self.freed.notify_all();
         if !to_release.is_empty() {
@@ -502,6 +543,28 @@ mod tests {
         assert!(s.release_calls * 8 <= s.pages_released_total, "{s:?}");
         assert!(mp.bytes_held() < held);
         assert_eq!(s.pages_free + s.pages_released, 200);
+    }
+
+    #[test]
+    fn resident_bytes_counts_pages_out_free_and_reserved_and_follows_the_watermark() {
+        let mp = pool(4, None, 1);
+        assert_eq!(mp.resident_bytes(), 4 * PAGE_SIZE, "the reserve");
+        let a = mp.alloc_pages_bulk_array(300).pages;
+        assert_eq!(mp.resident_bytes(), 304 * PAGE_SIZE, "300 out, the reserve whole");
+        mp.set_high_watermark(200);
+        mp.free_pages(a);
+        let s = mp.stats();
+        // 300 freed, 200 + a batch kept at most: released down to half of 200.
+        assert_eq!((s.pages_free, s.reserve_pages), (100, 4), "{s:?}");
+        assert_eq!(mp.resident_bytes(), 104 * PAGE_SIZE);
+        // Agrees with the count taken under the lock (less its bookkeeping).
+        assert!(mp.bytes_held() >= mp.resident_bytes() && mp.bytes_held() < mp.resident_bytes() + 4 * PAGE_SIZE);
+        let b = mp.alloc_pages_bulk_array(150).pages;
+        assert_eq!(mp.resident_bytes(), 154 * PAGE_SIZE, "100 reused and 50 new, all out");
+        mp.set_high_watermark(8);
+        mp.free_pages(b);
+        assert_eq!(mp.stats().pages_free, 4);
+        assert_eq!(mp.resident_bytes(), 8 * PAGE_SIZE);
     }
 
     #[test]

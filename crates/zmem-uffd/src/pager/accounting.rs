@@ -16,9 +16,13 @@ impl Inner {
         // `Lru::shared`); the count may run behind a folio dropped
         // meanwhile, until the next look.
         let shared = self.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE;
+        // The tier's pages, whatever holds them: the pools' zspages, and
+        // the free pages and reserve its mempool keeps (up to 4 MiB a
+        // process, uncharged before, which a tree of many processes paid
+        // for past its limit).
         self.resident_bytes().saturating_sub(shared)
             + self.held_bytes.load(Ordering::Relaxed)
-            + self.tier.pool_total_size()
+            + self.tier.pool_resident_bytes()
             + self.metadata()
     }
 
