@@ -250,7 +250,7 @@ fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim>
     };
     let stats_dir = settings.stats_dir.clone();
     let interval = settings.stats_interval;
-    let spawned = std::thread::Builder::new().name("zmem-stats".into()).spawn(move || {
+    let spawned = zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
         mark_internal_thread();
         stats_main(stats_dir.as_deref(), interval);
     });

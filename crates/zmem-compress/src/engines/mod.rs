@@ -203,10 +203,10 @@ impl Engines {
             let shared = Arc::clone(&shared);
             let paused = Arc::clone(&paused);
             let pin = shared.cfg.pin.then_some(k % ncpus);
-            let t = thread::Builder::new()
-                .name(format!("zmem-engine-{k}"))
-                .spawn(move || engine_main(k, rx, ctx, &shared, &paused, pin))
-                .map_err(|e| Error::Spawn(e.to_string()))?;
+            let t = zmem_common::thread::spawn(thread::Builder::new().name(format!("zmem-engine-{k}")), move || {
+                engine_main(k, rx, ctx, &shared, &paused, pin)
+            })
+            .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.push(t);
         }
         Ok(Engines { shared, queues, threads, sw: CtxPool::new(factory), rr: AtomicUsize::new(0), paused, ncpus })

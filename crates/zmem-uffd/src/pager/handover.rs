@@ -183,9 +183,7 @@ impl Pager {
         // while the parent still serves this process's faults: what thread
         // start-up reads is then in place, and stays (nothing evicts here
         // until the pager below runs).
-        std::thread::Builder::new()
-            .name("zmem-warmup".into())
-            .spawn(|| {})
+        zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-warmup".into()), || {})
             .and_then(|t| t.join().map_err(|_| std::io::Error::other("it panicked")))
             .map_err(|e| io_err("a thread before the hand-over", e))?;
         rustix::net::send(&link, REQUEST, SendFlags::empty()).map_err(|e| io_err("asking the parent", e))?;

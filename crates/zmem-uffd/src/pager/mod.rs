@@ -439,18 +439,18 @@ impl Pager {
         // process is stopped loudly instead.
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
-            std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    if let Some(init) = init {
-                        init();
-                    }
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-                        log::error!("zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting");
-                        std::process::abort();
-                    }
-                })
-                .map_err(PagerError::Spawn)
+            // With the program's signals blocked: its handlers must never
+            // run here (see `zmem_common::thread`).
+            zmem_common::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
+                if let Some(init) = init {
+                    init();
+                }
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                    log::error!("zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting");
+                    std::process::abort();
+                }
+            })
+            .map_err(PagerError::Spawn)
         };
         let mut threads = Vec::new();
         for i in 0..inner.cfg.handler_threads {
