@@ -9,7 +9,9 @@
 //! - `zmem corpus capture --pid PID -o FILE`: capture a process's anonymous
 //!   pages to benchmark on.
 // No unsafe code, except in the soak, which plays a program: it unmaps,
-// drops and moves its own managed memory with raw madvise/munmap/mremap.
+// drops and moves its own managed memory with raw madvise/munmap/mremap;
+// and in the signal set-up of `main` and of `run` (which forwards signals
+// to its program).
 #![deny(unsafe_code)]
 
 mod bench_compress;

@@ -4,6 +4,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{bail, Context, Result};
 use zmem_settings::Settings;
@@ -212,7 +213,10 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     }
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
-    let status = cmd.status().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
+    forward_signals();
+    let mut child = cmd.spawn().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
+    started(i32::try_from(child.id()).context("the program's pid")?);
+    let status = child.wait().context("wait for the program")?;
     drop(tree);
     // The stats files of the tree's processes that could not remove their
     // own (killed by a signal, `_exit`), in the default directory only (see
@@ -223,6 +227,74 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The program's status, as a shell would report it.
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Ok(std::process::ExitCode::from(code as u8))
+}
+
+/// The program's pid once it runs (0 before): where [`forward`] sends.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A signal that came before the program ran, sent once it does.
+static PENDING: AtomicI32 = AtomicI32::new(0);
+
+/// Signals that end `zmem run` by default, forwarded to the program
+/// instead. Killed by one, `zmem run` left the program running without
+/// its parent and the tree's segment in `/dev/shm` (a service manager's
+/// SIGTERM, `timeout`, `kill`); now the program gets it, and `zmem run`
+/// waits for it, cleans up and exits with its status, as `timeout` and
+/// `tini` do.
+const FORWARDED: [libc::c_int; 6] =
+    [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2];
+
+#[allow(unsafe_code)]
+fn forward_signals() {
+    for sig in FORWARDED {
+        // SAFETY: sigaction is plain data; zeroed it is valid (an empty
+        // mask, no flags).
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = forward as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SAFETY: `forward` has the SA_SIGINFO shape and is
+        // async-signal-safe (atomics and kill only); sigaction only reads
+        // `sa`.
+        unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) };
+    }
+}
+
+/// Sends `sig` on to the program. Not a signal the terminal sent
+/// (`si_code` > 0: ^C, ^\, a hangup): the program is in zmem's process
+/// group and got that one itself, and a second ^C could cut its own
+/// clean-up short. A `kill` (SI_USER, `si_code` <= 0) reached zmem only.
+#[allow(unsafe_code)]
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo.
+    if info.is_null() || unsafe { (*info).si_code } > 0 {
+        return;
+    }
+    let mut pid = CHILD.load(Ordering::SeqCst);
+    if pid == 0 {
+        // Not started yet: left for `run`, which swaps PENDING after it
+        // stores CHILD. Whichever of the two swaps it out sends it, once.
+        PENDING.store(sig, Ordering::SeqCst);
+        pid = CHILD.load(Ordering::SeqCst);
+        if pid == 0 || PENDING.swap(0, Ordering::SeqCst) == 0 {
+            return;
+        }
+    }
+    // SAFETY: kill is async-signal-safe and has no memory preconditions;
+    // the child is not reaped until `run`'s wait returns, after which no
+    // signal is forwarded that matters (zmem is exiting).
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// The program runs as `pid`: signals go to it from now on, and one that
+/// came before is sent now.
+#[allow(unsafe_code)]
+fn started(pid: i32) {
+    CHILD.store(pid, Ordering::SeqCst);
+    let early = PENDING.swap(0, Ordering::SeqCst);
+    if early != 0 {
+        // SAFETY: kill has no memory preconditions; pid is our child's,
+        // not yet waited for, so it names no other process.
+        unsafe { libc::kill(pid, early) };
+    }
 }
 
 /// The file `Command::new(name)` would run: `name` itself if it has a

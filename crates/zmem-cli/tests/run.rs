@@ -1010,6 +1010,58 @@ fn the_exit_status_and_signals_pass_through() {
     assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
 }
 
+/// A signal sent to `zmem run` (a service manager's SIGTERM, `kill`) goes on
+/// to the program; `zmem run` waits for it, removes the tree's segment and
+/// exits with its status. Killed by the signal instead, it left the program
+/// running without its parent and `/dev/shm/zmem-tree-*` behind.
+#[test]
+fn a_signal_sent_to_zmem_run_reaches_the_program_and_zmem_cleans_up() {
+    use std::io::BufRead;
+    let start = |script: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+        c.args(["run", "--limit", "32M", "--", "sh", "-c", script]);
+        c.env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("start zmem");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut tree = String::new();
+        out.read_line(&mut tree).unwrap();
+        let tree = PathBuf::from(tree.trim());
+        assert!(tree.exists(), "the program sees its tree's segment: {tree:?}");
+        (child, out, tree)
+    };
+    let finish = |mut child: std::process::Child, mut out: std::io::BufReader<std::process::ChildStdout>| {
+        // SAFETY: kill(2) touches no memory of ours; the pid is our
+        // child's, not yet waited for.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("zmem run did not end after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        (child.wait().unwrap(), rest)
+    };
+    // A program that handles SIGTERM: its handler runs, its status is zmem's.
+    let (child, mut out, tree) =
+        start("echo $ZMEM_TREE; trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done");
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let (status, rest) = finish(child, out);
+    assert_eq!(status.code(), Some(7), "{rest}");
+    assert!(rest.contains("got TERM"), "{rest}");
+    assert!(!tree.exists(), "the tree's segment is removed: {tree:?}");
+    // One that does not: it dies of it, and zmem says so as a shell would.
+    let (child, out, tree) = start("echo $ZMEM_TREE; exec sleep 60");
+    let (status, _) = finish(child, out);
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(!tree.exists(), "the tree's segment is removed: {tree:?}");
+}
+
 #[test]
 fn bad_flags_and_variables_are_errors_before_the_program_starts() {
     let marker = tmpdir("bad").join("started");
