@@ -327,6 +327,14 @@ impl Tier {
         self.tree.bytes() + self.lru.bytes() + self.clean.bytes()
     }
 
+    /// Gives the free pages the mempool keeps for reuse back to the OS:
+    /// reclaim's last resort before its limit turns soft (they are charged
+    /// to it, see [`pool_resident_bytes`](Self::pool_resident_bytes)).
+    /// Returns how many pages went.
+    pub fn release_free_pages(&self) -> usize {
+        self.mempool.release_free()
+    }
+
     pub(crate) fn writeback_enabled(&self) -> bool {
         self.cfg.writeback && self.swap.is_some()
     }

@@ -376,6 +376,27 @@ impl Mempool {
         }
     }
 
+    /// Gives every free page kept for reuse back to the OS now (the reserve
+    /// stays): for a memory limit that has nothing else left to reclaim.
+    /// Returns how many pages went.
+    pub fn release_free(&self) -> usize {
+        let mut to_release = {
+            let mut g = self.lock();
+            let all = std::mem::take(&mut g.free);
+            self.mirror(&g);
+            all
+        };
+        let n = to_release.len();
+        if n > 0 {
+            let calls = release(&mut to_release);
+            let mut g = self.lock();
+            g.stats.release_calls += calls;
+            g.stats.pages_released_total += n as u64;
+            g.released.append(&mut to_release);
+        }
+        n
+    }
+
     pub fn stats(&self) -> MempoolStats {
         let g = self.lock();
         MempoolStats {
@@ -565,6 +586,9 @@ mod tests {
         mp.free_pages(b);
         assert_eq!(mp.stats().pages_free, 4);
         assert_eq!(mp.resident_bytes(), 8 * PAGE_SIZE);
+        assert_eq!(mp.release_free(), 4, "the free pages go, the reserve stays");
+        assert_eq!(mp.resident_bytes(), 4 * PAGE_SIZE);
+        assert_eq!(mp.release_free(), 0);
     }
 
     #[test]

@@ -129,10 +129,16 @@ impl Inner {
                         self.soft.store(false, Ordering::Relaxed);
                         continue;
                     }
-                    // Nothing could go: the pool is full and writeback is
-                    // off or failing, or what is left is unevictable. The
-                    // limit turns soft, as memory.high does, and reclaim
-                    // backs off rather than spin.
+                    // Nothing could go. The free pages the tier keeps for
+                    // reuse are charged to the limit: they go first (one
+                    // pass, then none are left to go).
+                    if self.tier.release_free_pages() > 0 {
+                        continue;
+                    }
+                    // The pool is full and writeback is off or failing, or
+                    // what is left is unevictable. The limit turns soft, as
+                    // memory.high does, and reclaim backs off rather than
+                    // spin.
                     if self.usage() > self.limit() || pass.rejected + pass.unevictable > 0 {
                         backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(2));
                         retry_at = Instant::now() + backoff;
