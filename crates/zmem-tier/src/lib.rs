@@ -38,6 +38,7 @@
 //! A non-exclusive load leaves the entry where it is and sets `referenced`.
 #![forbid(unsafe_code)]
 
+mod buffers;
 mod config;
 pub mod entry;
 mod error;
@@ -138,6 +139,8 @@ pub struct Tier {
     /// holds entries.
     refault_window: AtomicU64,
     shrink_lock: Mutex<Vec<u8>>,
+    /// The codec paths' buffers (not thread-locals: see `buffers`).
+    buffers: buffers::Buffers,
     /// Where [`Tier::recompress`] moves entries, and with which codec.
     recompress_to: Mutex<Option<(CodecSpec, Weak<Pool>)>>,
     /// The shard the next [`Tier::recompress`] starts at.
@@ -202,6 +205,7 @@ impl Tier {
             shrink_lock: Mutex::new(Vec::new()),
             recompress_to: Mutex::new(None),
             recompress_cursor: AtomicUsize::new(0),
+            buffers: buffers::Buffers::default(),
             cfg,
         })
     }

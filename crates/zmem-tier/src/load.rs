@@ -195,8 +195,8 @@ impl Tier {
         // Objects copied out or read in, back to back: only what is written
         // is read, so the buffer is reused as it is (zeroing 64 KiB per
         // fault cost the handler ~2 µs of its ~80 per folio).
-        let mut scratch = Scratch::take(n * PAGE_SIZE);
-        let objs = &mut scratch.0[..n * PAGE_SIZE];
+        let mut scratch = self.buffers.take(n * PAGE_SIZE);
+        let objs = &mut scratch[..n * PAGE_SIZE];
         let mut used = 0;
         let mut taken: Vec<Taken> = Vec::with_capacity(n);
         // (slot, offset, at, len, index in `taken`) of the swap file's objects.
@@ -496,32 +496,5 @@ impl Tier {
     /// Whether `key` has an entry, and where.
     pub fn lookup(&self, key: u64) -> Option<Stored> {
         self.tree.lock(key).get(key).map(|e| e.stored)
-    }
-}
-
-thread_local! {
-    /// [`Scratch`]'s buffer, between calls.
-    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// A thread's buffer for the objects of a `load_many`, taken for the call
-/// and given back when dropped (a nested call gets a fresh one).
-struct Scratch(Vec<u8>);
-
-impl Scratch {
-    fn take(len: usize) -> Scratch {
-        let mut v = SCRATCH.with(|s| s.take());
-        if v.len() < len {
-            v.resize(len, 0);
-        }
-        Scratch(v)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        // At thread exit the slot may be gone already: the buffer is freed.
-        let _ = SCRATCH.try_with(|s| s.set(v));
     }
 }

@@ -1,6 +1,6 @@
 //! Store: compress a folio into the current pool, or reject it.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use zmem_compress::CompressError;
@@ -217,43 +217,39 @@ impl Tier {
         todo: &[usize],
         stored: &mut [Option<Stored>],
     ) -> Result<(), RejectReason> {
-        thread_local!(static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
         let bs = pool.compressor.batch_size().max(1);
-        SCRATCH.with(|s| {
-            let mut scratch = s.borrow_mut();
-            scratch.resize(bs * PAGE_SIZE, 0);
-            let mut results = vec![Ok(0); bs];
-            for chunk in todo.chunks(bs) {
-                let srcs: Vec<&[u8]> = chunk.iter().map(|&i| pages[i]).collect();
-                let mut dsts: Vec<&mut [u8]> = scratch.chunks_exact_mut(PAGE_SIZE).take(chunk.len()).collect();
-                let res = &mut results[..chunk.len()];
-                if pool.compressor.compress_batch(&srcs, &mut dsts, res).is_err() {
-                    inc(&self.counters.reject_compress_fail, 1);
-                    return Err(RejectReason::CompressFail);
-                }
-                for (j, &i) in chunk.iter().enumerate() {
-                    let (obj, raw): (&[u8], bool) = match &res[j] {
-                        Ok(len) => (&dsts[j][..*len], false),
-                        Err(CompressError::Poor) if self.writeback_enabled() => (pages[i], true),
-                        Err(CompressError::Poor) => {
-                            inc(&self.counters.reject_compress_poor, 1);
-                            return Err(RejectReason::CompressPoor);
-                        }
-                        Err(_) => {
-                            inc(&self.counters.reject_compress_fail, 1);
-                            return Err(RejectReason::CompressFail);
-                        }
-                    };
-                    let Ok(handle) = pool.zs.malloc_copy(obj) else {
-                        inc(&self.counters.reject_alloc_fail, 1);
-                        return Err(RejectReason::AllocFail);
-                    };
-                    let len = if raw { PAGE_SIZE } else { obj.len() } as u32;
-                    stored[i] = Some(Stored::Pool { handle, len });
-                }
+        let mut scratch = self.buffers.take(bs * PAGE_SIZE);
+        let mut results = vec![Ok(0); bs];
+        for chunk in todo.chunks(bs) {
+            let srcs: Vec<&[u8]> = chunk.iter().map(|&i| pages[i]).collect();
+            let mut dsts: Vec<&mut [u8]> = scratch.chunks_exact_mut(PAGE_SIZE).take(chunk.len()).collect();
+            let res = &mut results[..chunk.len()];
+            if pool.compressor.compress_batch(&srcs, &mut dsts, res).is_err() {
+                inc(&self.counters.reject_compress_fail, 1);
+                return Err(RejectReason::CompressFail);
             }
-            Ok(())
-        })
+            for (j, &i) in chunk.iter().enumerate() {
+                let (obj, raw): (&[u8], bool) = match &res[j] {
+                    Ok(len) => (&dsts[j][..*len], false),
+                    Err(CompressError::Poor) if self.writeback_enabled() => (pages[i], true),
+                    Err(CompressError::Poor) => {
+                        inc(&self.counters.reject_compress_poor, 1);
+                        return Err(RejectReason::CompressPoor);
+                    }
+                    Err(_) => {
+                        inc(&self.counters.reject_compress_fail, 1);
+                        return Err(RejectReason::CompressFail);
+                    }
+                };
+                let Ok(handle) = pool.zs.malloc_copy(obj) else {
+                    inc(&self.counters.reject_alloc_fail, 1);
+                    return Err(RejectReason::AllocFail);
+                };
+                let len = if raw { PAGE_SIZE } else { obj.len() } as u32;
+                stored[i] = Some(Stored::Pool { handle, len });
+            }
+        }
+        Ok(())
     }
 
     /// Whether `key` holds a cached entry whose page equals `page`; if so
@@ -261,17 +257,14 @@ impl Tier {
     /// The object is expanded and compared under the shard lock, so the
     /// shrinker cannot free it in between.
     fn reuse_cached(&self, key: u64, page: &[u8]) -> bool {
-        thread_local!(static EXPANDED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
         let mut shard = self.tree.lock(key);
         let Some(e) = shard.get(key).filter(|e| e.cached) else { return false };
         let same = match e.stored {
             Stored::Pool { .. } => {
                 let pool = shard.pool(e.pool).expect("a pool entry's shard holds its pool");
-                EXPANDED.with(|x| {
-                    let mut x = x.borrow_mut();
-                    x.resize(PAGE_SIZE, 0);
-                    Self::load_from_pool(pool, key, &e, &mut x).is_ok() && x[..] == *page
-                })
+                let mut x = self.buffers.take(PAGE_SIZE);
+                let x = &mut x[..PAGE_SIZE];
+                Self::load_from_pool(pool, key, &e, x).is_ok() && x[..] == *page
             }
             Stored::Swap { .. } => shard.sum(key) == Some(xxhash_rust::xxh3::xxh3_128(page)),
             Stored::SameFilled(_) => false,
