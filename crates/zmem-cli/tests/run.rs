@@ -116,6 +116,41 @@ fn a_c_program_allocating_4x_its_limit_reads_everything_back() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("128 MiB checked, 0 bad words"), "{}", text(&o));
 }
 
+/// A library constructor runs with the dynamic loader's lock held; this one
+/// writes and reads back 3x the limit, so zmem evicts and loads while the
+/// program holds that lock. The handler's first load used to register a
+/// thread-local's destructor, which waits for that lock: the program hung
+/// for good (as a Python import did, faulting on a folio reclaim was
+/// evicting). Checked: it hangs with the build before `buffers.rs`.
+#[test]
+fn a_library_constructor_under_the_loaders_lock_pages_through_the_limit() {
+    let dir = tmpdir("dlopen");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dlopen.c");
+    let (lib, exe) = (dir.join("libtouch.so"), dir.join("dlopen"));
+    let st = Command::new("cc").args(["-O2", "-shared", "-fPIC", "-DLIB", "-o"]).arg(&lib).arg(&src).status();
+    assert!(st.expect("a C compiler (cc)").success());
+    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(&src).arg("-ldl").status().unwrap();
+    assert!(st.success());
+    let swap = tmpdir("dlopen-swap");
+    let o = zmem(
+        &[
+            "run",
+            "--limit",
+            "32M",
+            "--swapfile",
+            swap.to_str().unwrap(),
+            "--",
+            exe.to_str().unwrap(),
+            lib.to_str().unwrap(),
+        ],
+        &[],
+        120,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("constructor: 96 MiB checked, 0 bad words") && out.contains("loaded"), "{}", text(&o));
+}
+
 const PY: &str = r#"
 import hashlib, os, sys, time, json
 mib = int(sys.argv[1])
