@@ -1056,6 +1056,8 @@ fn a_signal_sent_to_zmem_run_reaches_the_program_and_zmem_cleans_up() {
         let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
         c.args(["run", "--limit", "32M", "--", "sh", "-c", script]);
         c.env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // A process group of its own: a hang kills the program too.
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
         let mut child = c.spawn().expect("start zmem");
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut tree = String::new();
@@ -1071,7 +1073,9 @@ fn a_signal_sent_to_zmem_run_reaches_the_program_and_zmem_cleans_up() {
         let deadline = Instant::now() + Duration::from_secs(30);
         while child.try_wait().unwrap().is_none() {
             if Instant::now() > deadline {
-                let _ = child.kill();
+                // SAFETY: as above; the group is the one `start` made.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
                 panic!("zmem run did not end after SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
