@@ -314,14 +314,6 @@ impl Tier {
         self.group_pages.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
-    /// Bytes of memory the tier's page source holds: the pools' zspages,
-    /// the swap file's I/O pages, free pages kept for reuse and the
-    /// reserve. This, not `pool_total_size`, is what a memory limit
-    /// charges: the kernel charges a cgroup for every page it holds.
-    pub fn pool_resident_bytes(&self) -> usize {
-        self.mempool.resident_bytes()
-    }
-
     /// The memory the tier's entries take, counted as it is allocated: the
     /// tree's blocks (16 bytes per entry, [`tree::BLOCK`] entries to a
     /// block), the page hashes of cached swap entries, and the LRU lists'
@@ -331,10 +323,9 @@ impl Tier {
         self.tree.bytes() + self.lru.bytes() + self.clean.bytes()
     }
 
-    /// Gives the free pages the mempool keeps for reuse back to the OS:
-    /// reclaim's last resort before its limit turns soft (they are charged
-    /// to it, see [`pool_resident_bytes`](Self::pool_resident_bytes)).
-    /// Returns how many pages went.
+    /// Gives the free pages the mempool keeps for reuse back to the OS
+    /// (reclaim does, before its limit turns soft). Returns how many pages
+    /// went.
     pub fn release_free_pages(&self) -> usize {
         self.mempool.release_free()
     }
@@ -450,8 +441,9 @@ impl Tier {
 
 /// Free pages the mempool keeps for reuse under a pool limit of `max_bytes`:
 /// a sixteenth of it, between 32 pages and `most` (the configured high
-/// watermark). They are charged to the memory limit, so a small limit keeps
-/// a small cache (4 MiB of free pages was 5–10% of a 48M process's share).
+/// watermark). They are not charged to the memory limit (see the pager's
+/// `usage`), so a small limit keeps a small cache: 1,088 free pages
+/// (4.25 MiB) were 5–10% of a 48M process's share, on top of it.
 fn free_pages_kept(max_bytes: usize, most: usize) -> usize {
     (max_bytes / PAGE_SIZE / 16).clamp(32.min(most), most)
 }

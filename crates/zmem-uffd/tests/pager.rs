@@ -923,6 +923,7 @@ fn a_walk_over_more_than_the_limit_evicts_behind_itself() {
     let (t, s) = (p.tier().stats(), p.stats());
     assert_eq!(bad, 0, "{s:?}");
     let (stored, loaded) = (t.zswpout - t0.zswpout, t.zswpin - t0.zswpin);
+    eprintln!("walk: {evicted} pages evicted, {stored} compressed, {loaded} loaded");
     assert!(s.walk_evictions > 0, "{s:?}");
     // What is left over comes from the walk's start (its first faults are
     // no walk yet: `CONFIRM`; reclaim leaves its newest folios alone) and

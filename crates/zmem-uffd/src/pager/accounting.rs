@@ -16,13 +16,15 @@ impl Inner {
         // `Lru::shared`); the count may run behind a folio dropped
         // meanwhile, until the next look.
         let shared = self.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE;
-        // The tier's pages, whatever holds them: the pools' zspages, and
-        // the free pages and reserve its mempool keeps (up to 4 MiB a
-        // process, uncharged before, which a tree of many processes paid
-        // for past its limit).
+        // The pools' zspages. Not the free pages the mempool keeps for
+        // reuse (a sixteenth of the pool's limit at most, `free_pages_kept`):
+        // charged, their count swings by a reclaim batch as writeback frees
+        // and stores take them, and reclaim chased it (a walk over 3x the
+        // limit loaded 4-5% of its pages twice, not 2-3%, and compressed
+        // twice as many).
         self.resident_bytes().saturating_sub(shared)
             + self.held_bytes.load(Ordering::Relaxed)
-            + self.tier.pool_resident_bytes()
+            + self.tier.pool_total_size()
             + self.metadata()
     }
 

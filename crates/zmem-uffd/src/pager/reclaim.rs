@@ -130,11 +130,9 @@ impl Inner {
                         continue;
                     }
                     // Nothing could go. The free pages the tier keeps for
-                    // reuse are charged to the limit: they go first (one
-                    // pass, then none are left to go).
-                    if self.tier.release_free_pages() > 0 {
-                        continue;
-                    }
+                    // reuse go back to the OS: stuck, the process should
+                    // hold no more than it must.
+                    self.tier.release_free_pages();
                     // The pool is full and writeback is off or failing, or
                     // what is left is unevictable. The limit turns soft, as
                     // memory.high does, and reclaim backs off rather than
