@@ -5,10 +5,11 @@
 //! that thread. On a handler thread that is a hang: a handler that touches
 //! evicted memory faults, and the thread that would serve the fault is the
 //! one waiting for it. It also lost signals: a dash script trapping TERM,
-//! sent one while it waited for a `sleep`, went on looping in 4 runs of
-//! 72 (its process and threads blocked nothing and had nothing pending:
+//! sent one while it waited for a `sleep`, went on looping in 5 runs of
+//! 22 (its process and threads blocked nothing and had nothing pending:
 //! the handler had run, and the trap never did); with zmem's threads
-//! blocking them, 0 of 102. So every zmem thread starts with the asynchronous signals blocked; the
+//! blocking them, 0 of 102 (this script and one that execs `sleep`). So
+//! every zmem thread starts with the asynchronous signals blocked; the
 //! kernel then delivers them to the program's threads. Faults (SIGSEGV,
 //! SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) stay open: they are the
 //! thread's own and cannot be blocked anyway. glibc keeps its internal
