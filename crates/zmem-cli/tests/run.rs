@@ -72,18 +72,25 @@ fn zmem_in(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Output
     // A process group of its own, for the kill below.
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     let mut child = c.spawn().expect("start zmem");
+    wait_or_kill_group(&mut child, secs, &format!("zmem {args:?}"));
+    child.wait_with_output().unwrap()
+}
+
+/// Waits up to `secs` for `child`, started as the leader of a process
+/// group of its own; past that, kills the whole group (a hung program left
+/// behind would load a core for the tests that follow) and fails.
+fn wait_or_kill_group(child: &mut std::process::Child, secs: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
-            // SAFETY: signals the group this call made (zmem's pid is its
-            // id); kill(2) touches no memory of ours.
+            // SAFETY: signals the group the caller made (its leader's pid
+            // is the child's id); kill(2) touches no memory of ours.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.kill();
-            panic!("zmem {args:?} hung for {secs} s");
+            let _ = child.wait();
+            panic!("{what} hung for {secs} s");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -1071,16 +1078,7 @@ fn a_signal_sent_to_zmem_run_reaches_the_program_and_zmem_cleans_up() {
         // SAFETY: kill(2) touches no memory of ours; the pid is our
         // child's, not yet waited for.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                // SAFETY: as above; the group is the one `start` made.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                let _ = child.wait();
-                panic!("zmem run did not end after SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_or_kill_group(&mut child, 30, "zmem run after SIGTERM");
         let mut rest = String::new();
         std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
         (child.wait().unwrap(), rest)

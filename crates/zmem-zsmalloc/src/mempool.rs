@@ -184,10 +184,6 @@ pub struct Mempool {
     freed: Condvar,
     /// Free resident pages kept for reuse (the high watermark now).
     keep: AtomicUsize,
-    /// Pages out, free and resident, and in the reserve: what this mempool
-    /// holds of the OS's memory, mirrored from `Inner` at the end of each
-    /// change so that a limit check reads it without the lock.
-    resident: AtomicUsize,
 }
 
 impl std::fmt::Debug for Mempool {
@@ -219,7 +215,6 @@ impl Mempool {
             }),
             freed: Condvar::new(),
             keep: AtomicUsize::new(cfg.high_watermark),
-            resident: AtomicUsize::new(0),
             cfg,
         };
         {
@@ -230,7 +225,6 @@ impl Mempool {
                 p.as_mut_slice()[0] = 0;
                 g.reserve.push(p);
             }
-            pool.mirror(&g);
         }
         Ok(pool)
     }
@@ -241,20 +235,6 @@ impl Mempool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock_ok()
-    }
-
-    /// Publishes what `g` holds resident (see `resident`).
-    fn mirror(&self, g: &Inner) {
-        let pages = g.out_normal + g.out_reserve + g.free.len() + g.reserve.len();
-        self.resident.store(pages, Ordering::Relaxed);
-    }
-
-    /// Bytes of the OS's memory this mempool holds: pages out, free pages
-    /// kept for reuse, the reserve (not its bookkeeping, which
-    /// [`bytes_held`](Self::bytes_held) adds). One relaxed load: a memory
-    /// limit's check may call it per fault.
-    pub fn resident_bytes(&self) -> usize {
-        self.resident.load(Ordering::Relaxed) * PAGE_SIZE
     }
 
     /// Keeps at most about `pages` free resident pages for reuse from now
@@ -328,7 +308,6 @@ impl Mempool {
         g.stats.reserve_allocs += u64::from(from_reserve);
         g.stats.waits += u64::from(waited);
         g.stats.partial_allocs += u64::from(got < n);
-        self.mirror(&g);
         got
     }
 
@@ -360,9 +339,6 @@ impl Mempool {
                 let at = g.free.len() - n;
                 to_release = g.free.split_off(at);
             }
-            // The pages to release count as gone already: they are,
-            // within microseconds, and no one can allocate them meanwhile.
-            self.mirror(&g);
         }
         self.freed.notify_all();
         if !to_release.is_empty() {
@@ -382,9 +358,7 @@ impl Mempool {
     pub fn release_free(&self) -> usize {
         let mut to_release = {
             let mut g = self.lock();
-            let all = std::mem::take(&mut g.free);
-            self.mirror(&g);
-            all
+            std::mem::take(&mut g.free)
         };
         let n = to_release.len();
         if n > 0 {
@@ -567,27 +541,22 @@ mod tests {
     }
 
     #[test]
-    fn resident_bytes_counts_pages_out_free_and_reserved_and_follows_the_watermark() {
+    fn the_free_pages_kept_follow_the_watermark_and_can_all_be_released() {
         let mp = pool(4, None, 1);
-        assert_eq!(mp.resident_bytes(), 4 * PAGE_SIZE, "the reserve");
         let a = mp.alloc_pages_bulk_array(300).pages;
-        assert_eq!(mp.resident_bytes(), 304 * PAGE_SIZE, "300 out, the reserve whole");
         mp.set_high_watermark(200);
         mp.free_pages(a);
         let s = mp.stats();
         // 300 freed, 200 + a batch kept at most: released down to half of 200.
         assert_eq!((s.pages_free, s.reserve_pages), (100, 4), "{s:?}");
-        assert_eq!(mp.resident_bytes(), 104 * PAGE_SIZE);
-        // Agrees with the count taken under the lock (less its bookkeeping).
-        assert!(mp.bytes_held() >= mp.resident_bytes() && mp.bytes_held() < mp.resident_bytes() + 4 * PAGE_SIZE);
         let b = mp.alloc_pages_bulk_array(150).pages;
-        assert_eq!(mp.resident_bytes(), 154 * PAGE_SIZE, "100 reused and 50 new, all out");
+        assert_eq!(mp.stats().pages_in_use, 150, "100 reused and 50 new");
         mp.set_high_watermark(8);
         mp.free_pages(b);
         assert_eq!(mp.stats().pages_free, 4);
-        assert_eq!(mp.resident_bytes(), 8 * PAGE_SIZE);
         assert_eq!(mp.release_free(), 4, "the free pages go, the reserve stays");
-        assert_eq!(mp.resident_bytes(), 4 * PAGE_SIZE);
+        let s = mp.stats();
+        assert_eq!((s.pages_free, s.reserve_pages), (0, 4), "{s:?}");
         assert_eq!(mp.release_free(), 0);
     }
 
