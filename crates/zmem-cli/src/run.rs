@@ -19,7 +19,9 @@ pub struct Args {
     /// Resident memory plus pool plus metadata of the managed memory.
     #[arg(long)]
     limit: Option<String>,
-    /// lz4, zstd[:LEVEL], deflate[:LEVEL], lzo, lzo-rle.
+    /// lz4, zstd[:LEVEL], deflate[:LEVEL], lzo, lzo-rle. Unset: lz4, and
+    /// zstd:1 for new stores while the swap file serves a tenth of the
+    /// loads or more (a smaller pool per page saves disk reads).
     #[arg(long)]
     compressor: Option<String>,
     /// Recompress idle pool entries with this stronger codec in the

@@ -54,6 +54,9 @@ pub mod defaults {
     pub const SWAPFILE_DIR: &str = "/var/tmp";
     /// The codec.
     pub const COMPRESSOR: &str = "lz4";
+    /// The codec `zmem run` switches to, when no codec was named, while
+    /// the swap file serves many of the loads (`PagerConfig::strong_codec`).
+    pub const STRONG_COMPRESSOR: &str = "zstd:1";
 }
 
 /// A bad setting, named: every crate's config errors are this.

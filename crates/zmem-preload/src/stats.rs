@@ -197,6 +197,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "limit_soft": p.limit_soft,
             "unevictable_folios": p.unevictable_folios,
             "held_bytes": p.held_bytes,
+            "codec_switches": p.codec_switches,
             "poisoned_pages": p.poisoned_pages,
             "tracking_writes": p.tracking_writes,
             "stray_faults": p.stray_faults,

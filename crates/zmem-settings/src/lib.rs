@@ -5,7 +5,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
-//! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle` |
+//! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle`; unset: lz4, and zstd:1 for new stores while the swap file serves a tenth of the loads or more |
 //! | `ZMEM_RECOMPRESS` | unset | a stronger codec (`zstd`, say): idle pool entries are recompressed with it in the background, as zram's `recompress` |
 //! | `ZMEM_MAX_POOL_PERCENT` | `50` | the pool's share of the limit (1..=100) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
@@ -38,6 +38,8 @@ use zmem_uffd::{AdoptConfig, PagerConfig};
 pub struct Settings {
     pub limit: usize,
     pub compressor: CodecSpec,
+    /// `PagerConfig::strong_codec`: zstd:1 unless a codec was named.
+    pub strong_compressor: Option<CodecSpec>,
     /// `PagerConfig::recompress`.
     pub recompress: Option<CodecSpec>,
     pub max_pool_percent: u32,
@@ -141,6 +143,7 @@ impl Default for Settings {
         Settings {
             limit: defaults::LIMIT,
             compressor: defaults::COMPRESSOR.parse().expect("the default is a codec"),
+            strong_compressor: Some(defaults::STRONG_COMPRESSOR.parse().expect("the default is a codec")),
             recompress: None,
             max_pool_percent: defaults::RUN_MAX_POOL_PERCENT,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
@@ -174,7 +177,11 @@ impl Settings {
             let size = |v: &str| parse_size(v).map_err(|e| format!("{k}={v}: {e}"));
             match k {
                 "ZMEM_LIMIT" => s.limit = size(v)?,
-                "ZMEM_COMPRESSOR" => s.compressor = v.parse().map_err(|e| format!("{k}={v}: {e}"))?,
+                "ZMEM_COMPRESSOR" => {
+                    // A codec named is the codec used.
+                    s.compressor = v.parse().map_err(|e| format!("{k}={v}: {e}"))?;
+                    s.strong_compressor = None;
+                }
                 "ZMEM_RECOMPRESS" if v.trim().is_empty() => s.recompress = None,
                 "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| format!("{k}={v}: {e}"))?),
                 "ZMEM_MAX_POOL_PERCENT" => {
@@ -274,6 +281,8 @@ impl Settings {
         }
         cfg.tier = tier;
         cfg.recompress = self.recompress;
+        // Without a swap file nothing is loaded from the disk.
+        cfg.strong_codec = self.strong_compressor.filter(|_| self.swapfile_dir.is_some());
         cfg.adopt = self.adopt.then_some(AdoptConfig {
             threshold: self.threshold,
             stacks: self.stacks,
@@ -324,6 +333,13 @@ mod tests {
         assert_eq!(s.compressor.to_string(), "zstd:3");
         assert_eq!(s.pager_config().recompress.map(|c| c.to_string()).as_deref(), Some("zstd:9"));
         assert_eq!(Settings::from_vars::<&str, &str>([]).unwrap().pager_config().recompress, None);
+        // A codec named is the only codec; unnamed, the strong one comes in
+        // while the swap file is busy, and only with a swap file.
+        assert_eq!(s.pager_config().strong_codec, None);
+        let d = Settings::from_vars::<&str, &str>([]).unwrap().pager_config();
+        assert_eq!(d.strong_codec.map(|c| c.to_string()).as_deref(), Some("zstd:1"));
+        let off = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap().pager_config();
+        assert_eq!(off.strong_codec, None);
         for (k, v, why) in [
             ("ZMEM_LIMIT", "lots", "ZMEM_LIMIT=lots"),
             ("ZMEM_LIMIT", "1M", "at least 16M"),

@@ -47,6 +47,7 @@ mod load;
 pub mod lru;
 pub mod pool;
 mod recompress;
+mod sample;
 mod shrinker;
 pub mod stats;
 mod store;
@@ -69,6 +70,7 @@ pub use export::Exported;
 pub use load::LoadOutcome;
 pub use pool::Pool;
 pub use recompress::Recompressed;
+pub use sample::CodecSample;
 pub use shrinker::Shrinker;
 pub use stats::TierStats;
 pub use store::{RejectReason, StoreOutcome};
@@ -145,6 +147,8 @@ pub struct Tier {
     recompress_to: Mutex<Option<(CodecSpec, Weak<Pool>)>>,
     /// The shard the next [`Tier::recompress`] starts at.
     recompress_cursor: AtomicUsize,
+    /// Where `sample_codec` goes on from.
+    sample_cursor: AtomicUsize,
 }
 
 impl Tier {
@@ -205,6 +209,7 @@ impl Tier {
             shrink_lock: Mutex::new(Vec::new()),
             recompress_to: Mutex::new(None),
             recompress_cursor: AtomicUsize::new(0),
+            sample_cursor: AtomicUsize::new(0),
             buffers: buffers::Buffers::default(),
             cfg,
         })

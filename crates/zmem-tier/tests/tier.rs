@@ -918,3 +918,40 @@ fn exported_pages_import_into_another_tier_bit_for_bit() {
     assert!(matches!(to.import(5, &bad), Err(TierError::BadFolio { .. })));
     assert!(to.lookup(5).is_none());
 }
+
+/// A sample of the pool under another codec: it takes compressed entries
+/// of the current pool only (raw pages and an old pool's entries are not
+/// what the current codec made), sizes them as stored, goes round the
+/// shards from where it stopped, and changes nothing.
+#[test]
+fn a_codec_sample_sizes_the_current_pools_entries_under_another_codec() {
+    let t = Tier::new(TierConfig { compressor: "lz4".parse().unwrap(), ..cfg(64 << 20, true) }).unwrap();
+    assert_eq!(t.sample_codec("zstd:1".parse().unwrap(), 64).unwrap().pages, 0, "an empty pool");
+    let n = corpus().len().min(1024) as u64;
+    let mut lens = 0;
+    for k in 0..n {
+        let p = if k % 10 == 0 { random_page(k) } else { corpus().page(k as usize).to_vec() };
+        assert!(matches!(t.store(k, &p).unwrap(), StoreOutcome::Stored { .. }));
+        if let Some(Stored::Pool { len, .. }) = t.lookup(k) {
+            if (len as usize) < PAGE_SIZE {
+                lens += len as usize;
+            }
+        }
+    }
+    let before = t.stats();
+    let all = t.sample_codec("zstd:1".parse().unwrap(), usize::MAX).unwrap();
+    assert!(all.pages > n as usize / 2 && all.pages < n as usize, "{all:?}");
+    assert_eq!(all.bytes_now, lens, "the objects as stored");
+    assert!(all.bytes_other < all.bytes_now, "zstd:1 packs real pages tighter than lz4: {all:?}");
+    assert!(all.us_now > 0.0 && all.us_other > 0.0, "{all:?}");
+    let some = t.sample_codec("zstd:1".parse().unwrap(), 16).unwrap();
+    assert_eq!(some.pages, 16);
+    // Entries of a pool before a switch are not sampled.
+    t.set_compressor("zstd:1".parse().unwrap()).unwrap();
+    assert_eq!(t.sample_codec("lz4".parse().unwrap(), 64).unwrap().pages, 0);
+    let after = t.stats();
+    assert_eq!((before.stored_pages, before.pool_total_size), (after.stored_pages, after.pool_total_size));
+    for k in 0..n {
+        assert!(load(&t, k).is_some(), "key {k}");
+    }
+}

@@ -109,6 +109,10 @@ pub struct PagerConfig {
     /// default, and under `zmem run` (see ARCHITECTURE.md, "The pool's
     /// share of the limit", for the fork failure that keeps it off).
     pub pool_balance: Option<(u32, u32)>,
+    /// A stronger codec for new stores while the swap file serves many of
+    /// the loads, and back to `tier.compressor` once it serves few
+    /// (`pager/codec.rs`). `None`: the codec stays.
+    pub strong_codec: Option<zmem_tier::CodecSpec>,
     /// The most bytes a sequential fault loads ahead (the window doubles
     /// up to this, rounded down to folios); 0 turns read-ahead off.
     pub read_ahead: usize,
@@ -205,6 +209,7 @@ impl PagerConfig {
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
             recompress: None,
             pool_balance: None,
+            strong_codec: None,
             read_ahead: defaults::READ_AHEAD_BYTES,
             fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,

@@ -526,6 +526,9 @@ impl Inner {
                 if want.is_some() {
                     inc(&self.counters.partial_load_faults);
                 }
+                if walk {
+                    inc(&self.counters.walk_load_faults);
+                }
                 drop(g);
                 self.read_ahead(&st, f, addr, bounce, ra);
                 self.throttle();

@@ -103,6 +103,7 @@
 mod accounting;
 mod adopt;
 mod balance;
+mod codec;
 mod config;
 mod events;
 mod fault;

@@ -41,6 +41,7 @@ impl Inner {
         let mut shared_at = Instant::now();
         let (mut recompress, mut recompressed_at) = (self.cfg.recompress, Instant::now());
         let mut balance = Balance::new();
+        let mut codec = super::codec::CodecBalance::new();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
             rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -83,6 +84,7 @@ impl Inner {
             }
             self.refresh_limit();
             self.balance_pool(&mut balance);
+            self.balance_codec(&mut codec);
             if self.usage() <= self.limit() {
                 self.soft.store(false, Ordering::Relaxed);
             }

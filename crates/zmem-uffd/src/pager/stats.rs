@@ -41,6 +41,8 @@ pub struct PagerStats {
     /// Bytes of folios whose store was rejected, kept uncompressed until
     /// they are faulted in again.
     pub held_bytes: u64,
+    /// Times new stores switched codec (`PagerConfig::strong_codec`).
+    pub codec_switches: u64,
     /// Pages that failed to load (a corrupt swap slot, an I/O error): they
     /// are poisoned, so the program gets SIGBUS there instead of wrong data.
     pub poisoned_pages: u64,
@@ -169,6 +171,8 @@ pub(super) struct Counters {
     pub(super) fenced_pages: AtomicU64,
     pub(super) adopted_zero_pages: AtomicU64,
     pub(super) stray_zero_pages: AtomicU64,
+    pub(super) codec_switches: AtomicU64,
+    pub(super) walk_load_faults: AtomicU64,
 }
 
 pub(super) fn inc(c: &AtomicU64) {
@@ -205,6 +209,7 @@ impl Pager {
             limit_soft: self.inner.soft.load(Ordering::Relaxed),
             unevictable_folios: r(&c.unevictable_folios),
             held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
+            codec_switches: r(&c.codec_switches),
             poisoned_pages: r(&c.poisoned_pages),
             move_recounts: r(&c.move_recounts),
             fork_loads: r(&c.fork_loads),
