@@ -198,6 +198,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "unevictable_folios": p.unevictable_folios,
             "held_bytes": p.held_bytes,
             "codec_switches": p.codec_switches,
+            "walk_load_faults": p.walk_load_faults,
             "poisoned_pages": p.poisoned_pages,
             "tracking_writes": p.tracking_writes,
             "stray_faults": p.stray_faults,

@@ -43,6 +43,9 @@ pub struct PagerStats {
     pub held_bytes: u64,
     /// Times new stores switched codec (`PagerConfig::strong_codec`).
     pub codec_switches: u64,
+    /// Faults on evicted folios that continued a sequential stream (they
+    /// load whole folios, and read ahead: `readahead_folios`).
+    pub walk_load_faults: u64,
     /// Pages that failed to load (a corrupt swap slot, an I/O error): they
     /// are poisoned, so the program gets SIGBUS there instead of wrong data.
     pub poisoned_pages: u64,
@@ -210,6 +213,7 @@ impl Pager {
             unevictable_folios: r(&c.unevictable_folios),
             held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
             codec_switches: r(&c.codec_switches),
+            walk_load_faults: r(&c.walk_load_faults),
             poisoned_pages: r(&c.poisoned_pages),
             move_recounts: r(&c.move_recounts),
             fork_loads: r(&c.fork_loads),
