@@ -943,7 +943,6 @@ fn a_codec_sample_sizes_the_current_pools_entries_under_another_codec() {
     assert!(all.pages > n as usize / 2 && all.pages < n as usize, "{all:?}");
     assert_eq!(all.bytes_now, lens, "the objects as stored");
     assert!(all.bytes_other < all.bytes_now, "zstd:1 packs real pages tighter than lz4: {all:?}");
-    assert!(all.us_now > 0.0 && all.us_other > 0.0, "{all:?}");
     let some = t.sample_codec("zstd:1".parse().unwrap(), 16).unwrap();
     assert_eq!(some.pages, 16);
     // Entries of a pool before a switch are not sampled.

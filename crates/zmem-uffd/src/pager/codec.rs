@@ -41,7 +41,7 @@ const WALK_PERCENT: u64 = 25;
 /// …or the strong codec packs a sample of the pool into more than this
 /// percent of its bytes.
 const TIGHTER_PERCENT: usize = 80;
-/// Pool entries sampled (~1.5 ms of codec work with zstd:1).
+/// Pool entries sampled (~1 ms of codec work with zstd:1).
 const SAMPLE_PAGES: usize = 64;
 /// Under this percent, `QUIET_INTERVALS` times in a row, the fast codec is
 /// back.
