@@ -13,16 +13,28 @@
 //! cgroup fails, whatever the program's exit status (a script whose server
 //! was killed may still exit 0).
 //!
-//! Footprint is what the OS sees:
-//! - native and zmem: the peak of the process tree's summed PSS
-//!   (`/proc/PID/smaps_rollup`), sampled every 20 ms. PSS shares each page
-//!   among the processes that map it, so pages a fork left shared count
-//!   once, as the cgroup counts them; summed RSS counted them once per
-//!   process (redis's BGSAVE child doubled its footprint). zmem's pool and
-//!   metadata are in its PSS; its swap file is written with O_DIRECT, so
-//!   it holds no page cache;
-//! - kernel: the cgroup's `max_usage_in_bytes` plus the peak of zswap's
-//!   `pool_total_size`, which cgroup v1 does not charge to the cgroup.
+//! With `--equal-footprint` a fourth run follows the kernel's: zmem again,
+//! with its limit moved by the difference between the two footprints, so
+//! that it has the memory the kernel took. Equal limits are not equal
+//! memory: zmem's limit holds its pool, and cgroup v1 does not charge the
+//! kernel's, so at one limit the kernel uses more (Python's strings under
+//! 150M: 187 MiB against zmem's 161 MiB).
+//!
+//! Footprint is the program's anonymous memory, measured the same way for
+//! every run: the peak of the process tree's summed `Pss_Anon`
+//! (`/proc/PID/smaps_rollup`), sampled every 20 ms, plus, for the kernel's
+//! run, zswap's `pool_total_size` sampled with it (cgroup v1 does not charge
+//! the pool to the cgroup). PSS shares each page among the processes that
+//! map it, so pages a fork left shared count once, as the cgroup counts
+//! them; summed RSS counted them once per process (redis's BGSAVE child
+//! doubled its footprint). zmem's pool and metadata are anonymous memory of
+//! its processes; its swap file is written with O_DIRECT, so it holds no
+//! page cache. File pages (the program's binary and libraries) are left
+//! out: the cgroup charges them only to the first group that reads them
+//! in, so they came and went from the kernel's figure with what an earlier
+//! run had cached (redis-server's text and its `redis-cli` children's: 8-14
+//! MiB). JSON has each run's whole PSS too, and the kernel's cgroup peak
+//! (`memory.max_usage_in_bytes`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -52,8 +64,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10))]
     page_cluster: u32,
     /// Skip the kernel run (it needs root, cgroup v1 and zswap).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "equal_footprint")]
     no_kernel: bool,
+    /// After the kernel's run, run zmem once more with the kernel's
+    /// footprint: its limit moved by the difference between the kernel's
+    /// peak footprint and its own at `--limit`.
+    #[arg(long)]
+    equal_footprint: bool,
     #[arg(long)]
     json: bool,
     /// The program and its arguments.
@@ -67,6 +84,11 @@ struct Outcome {
     config: String,
     elapsed_s: f64,
     peak_footprint_bytes: u64,
+    /// The peak of the tree's whole PSS, file pages included.
+    peak_pss_bytes: u64,
+    /// The kernel's run: the cgroup's `memory.max_usage_in_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cgroup_peak_bytes: Option<u64>,
     exit_ok: bool,
     exit_status: String,
 }
@@ -92,9 +114,12 @@ pub fn run(args: &Args) -> Result<()> {
     out.push(measure("native", native, None)?);
 
     let me = std::env::current_exe().context("the zmem binary")?;
-    let mut zmem = Command::new(me);
-    zmem.args(["run", "--limit", &args.limit, "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
-    out.push(measure("zmem", zmem, None)?);
+    let zmem = |limit: &str| {
+        let mut c = Command::new(&me);
+        c.args(["run", "--limit", limit, "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
+        c
+    };
+    out.push(measure("zmem", zmem(&args.limit), None)?);
 
     if !args.no_kernel {
         let mut setup = KernelSetup::new(Some(&args.zswap), limit, swap_bytes, &args.swap_dir)?;
@@ -109,10 +134,8 @@ pub fn run(args: &Args) -> Result<()> {
             .cgroup
             .as_ref()
             .and_then(|cg| std::fs::read_to_string(cg.join("memory.max_usage_in_bytes")).ok())
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        // measure() left the peak pool in peak_footprint_bytes.
-        o.peak_footprint_bytes += max_usage;
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        o.cgroup_peak_bytes = max_usage;
         let kills = setup.oom_kills();
         if kills > 0 {
             o.exit_ok = false;
@@ -120,6 +143,16 @@ pub fn run(args: &Args) -> Result<()> {
         }
         out.push(o);
         drop(setup);
+    }
+    if args.equal_footprint {
+        let (z, k) = (&out[1], &out[2]);
+        if !(z.exit_ok && k.exit_ok) {
+            eprintln!("zmem compare: no run at the kernel's footprint: the runs at --limit did not both finish well");
+        } else {
+            let matched = equal_footprint_limit(limit as u64, z.peak_footprint_bytes, k.peak_footprint_bytes);
+            let mib = format!("{}M", matched >> 20);
+            out.push(measure(&format!("zmem@{mib}"), zmem(&mib), None)?);
+        }
     }
     report(&out, args.json);
     if let Some(bad) = out.iter().find(|o| !o.exit_ok) {
@@ -129,20 +162,22 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// Runs `cmd` to the end, sampling the footprint every 20 ms: the process
-/// tree's PSS, or (for a kernel run) zswap's pool size alone.
+/// tree's anonymous PSS, plus zswap's pool for a kernel run.
 fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Result<Outcome> {
     // The program's output goes to stderr: stdout is the report's.
     cmd.stdout(std::io::stderr());
     let t0 = Instant::now();
     let mut child = cmd.spawn().with_context(|| format!("start the program ({config})"))?;
     let root = child.id();
-    let mut peak = 0u64;
+    let (mut peak, mut peak_pss) = (0u64, 0u64);
     let status: ExitStatus = loop {
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        let now = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { tree_pss(root) };
-        peak = peak.max(now);
+        let m = tree_pss(root);
+        let pool = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { 0 };
+        peak = peak.max(m.anon + pool);
+        peak_pss = peak_pss.max(m.all + pool);
         std::thread::sleep(Duration::from_millis(20));
     };
     let elapsed_s = t0.elapsed().as_secs_f64();
@@ -150,16 +185,25 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
         config: config.to_string(),
         elapsed_s,
         peak_footprint_bytes: peak,
+        peak_pss_bytes: peak_pss,
+        cgroup_peak_bytes: None,
         exit_ok: status.success(),
         exit_status: status.to_string(),
     })
 }
 
+/// A process tree's memory, bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Pss {
+    all: u64,
+    anon: u64,
+}
+
 /// The summed PSS of `root` and all its descendants (from /proc): a
 /// process whose `smaps_rollup` cannot be read (it is exiting) counts its
-/// RSS.
-fn tree_pss(root: u32) -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+/// RSS, as anonymous.
+fn tree_pss(root: u32) -> Pss {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Pss::default() };
     let mut parent: HashMap<u32, u32> = HashMap::new();
     let mut rss: HashMap<u32, u64> = HashMap::new();
     for e in dir.flatten() {
@@ -187,17 +231,32 @@ fn tree_pss(root: u32) -> u64 {
         }
         false
     };
-    rss.iter()
-        .filter(|(&p, _)| in_tree(p))
-        .map(|(&p, &pages)| pss(p).unwrap_or(pages * zmem_common::PAGE_SIZE as u64))
-        .sum()
+    rss.iter().filter(|(&p, _)| in_tree(p)).fold(Pss::default(), |sum, (&p, &pages)| {
+        let m = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok().and_then(|t| parse_rollup(&t));
+        let m = m.unwrap_or_else(|| {
+            let b = pages * zmem_common::PAGE_SIZE as u64;
+            Pss { all: b, anon: b }
+        });
+        Pss { all: sum.all + m.all, anon: sum.anon + m.anon }
+    })
 }
 
-/// A process's PSS, bytes, from its `smaps_rollup`.
-fn pss(pid: u32) -> Option<u64> {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let kb = t.lines().find_map(|l| l.strip_prefix("Pss:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
-    Some(kb << 10)
+/// `Pss` and `Pss_Anon` from a `smaps_rollup`.
+fn parse_rollup(t: &str) -> Option<Pss> {
+    let kb = |key: &str| -> Option<u64> {
+        let v = t.lines().find_map(|l| l.strip_prefix(key))?;
+        Some(v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? << 10)
+    };
+    Some(Pss { all: kb("Pss:")?, anon: kb("Pss_Anon:")? })
+}
+
+/// The limit that gives zmem the kernel's footprint: `limit`, moved by the
+/// difference between the kernel's peak footprint and zmem's at `limit`
+/// (what zmem holds outside its limit, its binary and the shim, stays the
+/// same), in whole MiB and at least the smallest limit `zmem run` takes.
+fn equal_footprint_limit(limit: u64, zmem_footprint: u64, kernel_footprint: u64) -> u64 {
+    let l = (limit + kernel_footprint).saturating_sub(zmem_footprint);
+    (l >> 20 << 20).max(zmem_settings::Settings::MIN_LIMIT as u64)
 }
 
 /// How many times faster than the kernel's run `o` was: none unless both
@@ -236,10 +295,18 @@ fn report(out: &[Outcome], json: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{vs_kernel, Outcome};
+    use super::{equal_footprint_limit, parse_rollup, vs_kernel, Outcome, Pss};
 
     fn run(config: &str, elapsed_s: f64, exit_ok: bool) -> Outcome {
-        Outcome { config: config.into(), elapsed_s, peak_footprint_bytes: 0, exit_ok, exit_status: String::new() }
+        Outcome {
+            config: config.into(),
+            elapsed_s,
+            peak_footprint_bytes: 0,
+            peak_pss_bytes: 0,
+            cgroup_peak_bytes: None,
+            exit_ok,
+            exit_status: String::new(),
+        }
     }
 
     #[test]
@@ -251,5 +318,27 @@ mod tests {
         assert!(killed.iter().all(|o| vs_kernel(&killed, o).is_none()), "the kernel was OOM-killed");
         let none = [run("native", 1.0, true), run("zmem", 2.0, true)];
         assert_eq!(vs_kernel(&none, &none[1]), None, "--no-kernel");
+    }
+
+    #[test]
+    fn a_rollup_gives_its_pss_and_anonymous_pss() {
+        let t = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 56940 kB\nPss: 54521 kB\n\
+                 Pss_Dirty: 46121 kB\nPss_Anon: 46116 kB\nPss_File: 8400 kB\n";
+        assert_eq!(parse_rollup(t), Some(Pss { all: 54521 << 10, anon: 46116 << 10 }));
+        assert_eq!(parse_rollup("Pss: 1 kB\n"), None, "no Pss_Anon");
+        // A key that only starts like another is not taken for it.
+        assert_eq!(parse_rollup("Pss_Anon: 2 kB\nPss_File: 1 kB\n"), None, "no Pss");
+    }
+
+    #[test]
+    fn the_equal_footprint_limit_moves_by_the_footprints_difference() {
+        const M: u64 = 1 << 20;
+        // The kernel took 187 MiB at 150M where zmem took 161 MiB.
+        assert_eq!(equal_footprint_limit(150 * M, 161 * M, 187 * M), 176 * M);
+        // A kernel smaller than zmem lowers the limit, in whole MiB.
+        assert_eq!(equal_footprint_limit(150 * M, 170 * M + 5, 160 * M), 139 * M);
+        // Never under what zmem run takes.
+        let min = zmem_settings::Settings::MIN_LIMIT as u64;
+        assert_eq!(equal_footprint_limit(min, 200 * M, M), min);
     }
 }
