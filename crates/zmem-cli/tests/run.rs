@@ -1323,6 +1323,70 @@ fn a_non_utf8_environment_and_arguments_pass_through() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok 64"), "{}", text(&o));
 }
 
+/// The codec of new stores follows the swap file, end to end: text that
+/// zstd packs far tighter than lz4, read at random over three times the
+/// limit, sends most loads to the swap file, and new stores switch to
+/// zstd:1; five quiet seconds later they are back on lz4. Every page
+/// reads back the same after each switch, whichever codec stored it.
+#[test]
+fn new_stores_switch_to_zstd_under_random_disk_loads_and_back_when_quiet() {
+    let stats = tmpdir("codec-switch-stats");
+    let swap = tmpdir("codec-switch-swap");
+    let py = r#"
+import glob, hashlib, json, os, random, sys, time
+rng = random.Random(1)
+words = ['%010x' % rng.getrandbits(40) for _ in range(4096)]
+base = []
+while sum(map(len, base)) < (1 << 20) + 4096:
+    base.append(' '.join(rng.choices(words, k=8)) + '\n')
+blocks = []
+for i in range(96):
+    rng.shuffle(base)
+    blocks.append(bytearray(''.join(base).encode()[:1 << 20]))
+sums = [hashlib.sha256(b).digest() for b in blocks]
+def switches():
+    st = json.load(open(glob.glob(os.path.join(sys.argv[1], 'zmem-%d.json' % os.getpid()))[0]))
+    return st['pager']['codec_switches'], st['tier']['pswpin']
+def wait_for(n, read):
+    t = time.time()
+    while switches()[0] < n:
+        assert time.time() - t < 120, ('no switch', n, switches())
+        if read:
+            for _ in range(20000):
+                blocks[rng.randrange(96)][rng.randrange(1 << 20)]
+        else:
+            time.sleep(0.2)
+wait_for(1, True)
+for b, s in zip(blocks, sums):
+    assert hashlib.sha256(b).digest() == s
+wait_for(2, False)
+for b, s in zip(blocks, sums):
+    assert hashlib.sha256(b).digest() == s
+n, pswpin = switches()
+print('ok', n, pswpin > 0)
+"#;
+    let o = zmem(
+        &[
+            "run",
+            "--limit",
+            "32M",
+            "--swapfile",
+            swap.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            py,
+            stats.to_str().unwrap(),
+        ],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50"), ("ZMEM_LOG", "info")],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 2 True"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("new stores use zstd:1") && err.contains("new stores use lz4"), "{}", text(&o));
+}
+
 /// Incompressible data 4x the limit with writeback off: the pool cannot
 /// take it, so the limit turns soft (one warning) and the program runs on,
 /// instead of reclaim spinning on rejections (issue 11, finding 3).
