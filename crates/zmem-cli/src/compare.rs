@@ -18,13 +18,13 @@
 //! that it has the memory the kernel took. Equal limits are not equal
 //! memory: zmem's limit holds its pool, and cgroup v1 does not charge the
 //! kernel's, so at one limit the kernel uses more (Python's strings under
-//! 150M: 187 MiB against zmem's 161 MiB).
+//! 150M: 186 MiB against zmem's 151 MiB).
 //!
 //! Footprint is the program's anonymous memory, measured the same way for
-//! every run: the peak of the process tree's summed `Pss_Anon`
-//! (`/proc/PID/smaps_rollup`), sampled every 20 ms, plus, for the kernel's
-//! run, zswap's `pool_total_size` sampled with it (cgroup v1 does not charge
-//! the pool to the cgroup). PSS shares each page among the processes that
+//! every run: the peak of the process tree's summed `Pss_Anon`, sampled
+//! every 20 ms (`Sampler`), plus, for the kernel's run, zswap's
+//! `pool_total_size` sampled with it (cgroup v1 does not charge the pool to
+//! the cgroup). PSS shares each page among the processes that
 //! map it, so pages a fork left shared count once, as the cgroup counts
 //! them; summed RSS counted them once per process (redis's BGSAVE child
 //! doubled its footprint). zmem's pool and metadata are anonymous memory of
@@ -229,11 +229,12 @@ impl Sampler {
             self.members = tree_members(self.root);
             self.listed_at = Some(Instant::now());
         }
-        let rss = self.members.iter().filter_map(|p| rss_of(*p)).fold(Pss::default(), Pss::add);
+        let each: Vec<(u32, Pss)> = self.members.iter().filter_map(|&p| Some((p, rss_of(p)?))).collect();
+        let rss = each.iter().fold(Pss::default(), |sum, (_, r)| sum.add(*r));
         if due(self.scaled_at, Duration::from_secs(1)) {
-            // Over the members whose rollup and counters both read (not
-            // one that exits meanwhile).
-            let both = self.members.iter().filter_map(|p| Some((pss_of(*p)?, rss_of(*p)?)));
+            // Over the members whose rollup reads too (not one that exits
+            // meanwhile).
+            let both = each.iter().filter_map(|&(p, r)| Some((pss_of(p)?, r)));
             let (pss, r) = both.fold((Pss::default(), Pss::default()), |(a, b), (p, r)| (a.add(p), b.add(r)));
             let ratio = |p: u64, r: u64| if r == 0 { 1.0 } else { (p as f64 / r as f64).min(1.0) };
             let (file_pss, file_rss) = (pss.all.saturating_sub(pss.anon), r.all.saturating_sub(r.anon));
@@ -290,8 +291,9 @@ fn pss_of(pid: u32) -> Option<Pss> {
     parse_rollup(&std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?)
 }
 
-/// The value of a `KEY: N kB` line, in bytes.
-fn kb_field(t: &str, key: &str) -> Option<u64> {
+/// The value of a `KEY: N kB` line (of `/proc/PID/status` or a rollup),
+/// in bytes.
+pub(crate) fn kb_field(t: &str, key: &str) -> Option<u64> {
     let v = t.lines().find_map(|l| l.strip_prefix(key))?;
     Some(v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? << 10)
 }

@@ -45,10 +45,7 @@ pub struct WorkerReport {
 /// This process's peak RSS, from `VmHWM` in /proc/self/status.
 fn peak_rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb << 10)
+    crate::compare::kb_field(&s, "VmHWM:").unwrap_or(0)
 }
 
 /// The worker's side: `zmem usemem-worker`.
