@@ -969,6 +969,114 @@ fn redis_server_on_jemalloc_loads_saves_in_the_background_and_reads_back_its_key
     assert!(std::fs::read_dir(&stats).unwrap().count() >= 2, "no stats file from the BGSAVE child");
 }
 
+/// memcached's value for key `i`: 72 to 423 bytes, so that consecutive keys
+/// land in different slab classes.
+fn memcached_value(i: usize) -> Vec<u8> {
+    format!("v{}:", i * 7919 % 1_000_003).repeat(8 + i % 40).into_bytes()
+}
+
+/// Keys `keys` set (pipelined, `noreply`), or got back and checked byte for
+/// byte, on one connection to memcached on `port`.
+fn memcached_client(port: u32, keys: std::ops::Range<usize>, set: bool) -> Result<(), String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).map_err(|e| format!("connect: {e}"))?;
+    let io = |e: std::io::Error| e.to_string();
+    s.set_read_timeout(Some(Duration::from_secs(120))).map_err(io)?;
+    let (mut w, mut r) = (std::io::BufWriter::new(s.try_clone().map_err(io)?), BufReader::new(s));
+    if set {
+        for i in keys {
+            let v = memcached_value(i);
+            write!(w, "set key:{i} 0 0 {} noreply\r\n", v.len()).map_err(io)?;
+            w.write_all(&v).map_err(io)?;
+            w.write_all(b"\r\n").map_err(io)?;
+        }
+        // A command with a reply: every set before it was served.
+        w.write_all(b"version\r\n").and_then(|()| w.flush()).map_err(io)?;
+        let mut line = String::new();
+        r.read_line(&mut line).map_err(io)?;
+        return if line.starts_with("VERSION") { Ok(()) } else { Err(format!("after the sets: {line:?}")) };
+    }
+    let ids: Vec<usize> = keys.collect();
+    for chunk in ids.chunks(100) {
+        let names: Vec<String> = chunk.iter().map(|i| format!("key:{i}")).collect();
+        write!(w, "get {}\r\n", names.join(" ")).and_then(|()| w.flush()).map_err(io)?;
+        for &i in chunk {
+            let mut line = String::new();
+            r.read_line(&mut line).map_err(io)?;
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() != 4 || f[0] != "VALUE" || f[1] != format!("key:{i}") {
+                return Err(format!("key:{i}: got {line:?}"));
+            }
+            let mut v = vec![0u8; f[3].parse::<usize>().map_err(|e| e.to_string())? + 2];
+            r.read_exact(&mut v).map_err(io)?;
+            if v[..v.len() - 2] != memcached_value(i)[..] {
+                return Err(format!("key:{i} read back wrong ({} bytes)", v.len() - 2));
+            }
+        }
+        let mut end = String::new();
+        r.read_line(&mut end).map_err(io)?;
+        if end != "END\r\n" {
+            return Err(format!("after {} values: {end:?}", chunk.len()));
+        }
+    }
+    Ok(())
+}
+
+/// memcached (Debian's: its own slab allocator over malloc, four worker
+/// threads, a thread that grows the hash table by moving every item, and
+/// LRU threads) under a limit of a third of what it holds: four clients set
+/// 200k keys at once, then read them all back at once, every byte checked.
+/// The hash table grows twice while the items page, so its thread walks
+/// what was evicted.
+#[test]
+fn memcached_threads_store_and_serve_every_value_under_a_third_of_their_size() {
+    let port = 20000 + (std::process::id() + 7) % 20000;
+    let (swap, stats) = (tmpdir("memcached-swap"), tmpdir("memcached-stats"));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+    c.args(["run", "--limit", "24M", "--swapfile", swap.to_str().unwrap(), "--", "memcached"])
+        .args(["-U", "0", "-l", "127.0.0.1", "-p", &port.to_string(), "-m", "1024", "-t", "4", "-u", "root", "-A"])
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_STATS_DIR", &stats)
+        .env("ZMEM_STATS_INTERVAL_MS", "50")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    let mut server = c.spawn().expect("zmem run memcached (Debian's; .ci/run installs it)");
+    let n = 200_000;
+    let mut run = || -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port as u16)).is_err() {
+            if Instant::now() > deadline || !matches!(server.try_wait(), Ok(None)) {
+                return Err("memcached did not start".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for set in [true, false] {
+            let quarter = n / 4;
+            let clients: Vec<_> = (0..4)
+                .map(|t| std::thread::spawn(move || memcached_client(port, t * quarter..(t + 1) * quarter, set)))
+                .collect();
+            for c in clients {
+                c.join().map_err(|_| "a client panicked".to_string())??;
+            }
+        }
+        Ok(())
+    };
+    let r = run();
+    // `shutdown` (-A) ends it cleanly; the group kill below ends a hang.
+    if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
+        let _ = std::io::Write::write_all(&mut s, b"shutdown\r\n");
+    }
+    wait_or_kill_group(&mut server, 60, "memcached under zmem after shutdown");
+    let o = server.wait_with_output().unwrap();
+    assert!(r.is_ok(), "{}; {}", r.unwrap_err(), text(&o));
+    assert!(!text(&o).contains("zmem:"), "{}", text(&o));
+    let evicted = pager_max(&stats, "evicted_folios");
+    assert!(evicted > 1000, "evicted {evicted} folios: memcached's slabs were not managed; {}", text(&o));
+    let peak = tree_peak(&stats);
+    assert!(peak > 0 && peak <= 26 << 20, "the tree's peak usage {peak} B is off its 24 MiB limit");
+}
+
 /// The anonymous memory of every process in `root`'s tree (itself and its
 /// descendants), in bytes, as the kernel counts it (`RssAnon`).
 fn tree_rss_anon(root: u32) -> u64 {
