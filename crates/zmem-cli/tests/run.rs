@@ -83,14 +83,50 @@ fn wait_or_kill_group(child: &mut std::process::Child, secs: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
+            let threads = group_threads(child.id());
             // SAFETY: signals the group the caller made (its leader's pid
             // is the child's id); kill(2) touches no memory of ours.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
-            panic!("{what} hung for {secs} s");
+            panic!("{what} hung for {secs} s; its threads:\n{threads}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Every thread of process group `pgid`: its name, state, where it sleeps
+/// (`wchan`) and its kernel stack (root only), so that a hang can be read
+/// from the failure alone.
+fn group_threads(pgid: u32) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // After the name: state, ppid, pgrp.
+        let in_group = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(2)?.parse::<u32>().ok());
+        if in_group != Some(pgid) {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd: String = String::from_utf8_lossy(&cmd).replace('\0', " ").chars().take(80).collect();
+        out += &format!("process {pid}: {cmd}\n");
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+            let d = t.path();
+            let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
+            let st = read("stat");
+            let state = st.rfind(')').map_or("?", |i| &st[i + 2..i + 3]);
+            out += &format!(
+                "  {} {} {state} {}\n",
+                t.file_name().to_string_lossy(),
+                read("comm").trim(),
+                read("wchan").trim()
+            );
+            for l in read("stack").lines().take(12) {
+                out += &format!("      {l}\n");
+            }
+        }
+    }
+    out
 }
 
 fn text(o: &Output) -> String {
