@@ -72,8 +72,22 @@ fn zmem_in(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Output
     // A process group of its own, for the kill below.
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     let mut child = c.spawn().expect("start zmem");
+    // Read both pipes while it runs: a program that wrote more than a pipe
+    // holds would block in write(2) until the kill below, and read as hung.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
     wait_or_kill_group(&mut child, secs, &format!("zmem {args:?}"));
-    child.wait_with_output().unwrap()
+    let status = child.wait().unwrap();
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
 
 /// Waits up to `secs` for `child`, started as the leader of a process
