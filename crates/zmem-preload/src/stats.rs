@@ -186,6 +186,13 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "metadata_bytes": p.metadata_bytes,
             "managed_bytes": p.managed_bytes,
             "metadata_bytes_per_page": p.metadata_bytes_per_page,
+            "metadata_parts": {
+                "folio_tables": p.metadata_folio_table_bytes,
+                "reclaim_lists": p.metadata_reclaim_list_bytes,
+                "tier_blocks": p.metadata_tier_block_bytes,
+                "tier_lru": p.metadata_tier_lru_bytes,
+                "kept_hashes": p.metadata_kept_hash_bytes,
+            },
             "zero_faults": p.zero_faults,
             "load_faults": p.load_faults,
             "evicted_folios": p.evicted_folios,

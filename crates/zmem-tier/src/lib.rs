@@ -325,7 +325,14 @@ impl Tier {
     /// items (the pools' own metadata is counted by
     /// [`TierStats::memory_bytes`]).
     pub fn entry_metadata_bytes(&self) -> usize {
-        self.tree.bytes() + self.lru.bytes() + self.clean.bytes()
+        let (tree, lru, clean) = self.entry_metadata_parts();
+        tree + lru + clean
+    }
+
+    /// [`entry_metadata_bytes`](Self::entry_metadata_bytes) in its parts:
+    /// the tree's blocks, the LRU's items, the kept entries' page hashes.
+    pub fn entry_metadata_parts(&self) -> (usize, usize, usize) {
+        (self.tree.bytes(), self.lru.bytes(), self.clean.bytes())
     }
 
     /// Gives the free pages the mempool keeps for reuse back to the OS

@@ -36,9 +36,12 @@ impl Inner {
     }
 
     pub(super) fn metadata(&self) -> usize {
-        self.tables.load(Ordering::Relaxed)
-            + self.lru_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
-            + self.tier.entry_metadata_bytes()
+        self.tables.load(Ordering::Relaxed) + self.list_metadata() + self.tier.entry_metadata_bytes()
+    }
+
+    /// The reclaim lists' items.
+    pub(super) fn list_metadata(&self) -> usize {
+        self.lru_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
     }
 
     /// The limit that applies now (see `refresh_limit`).

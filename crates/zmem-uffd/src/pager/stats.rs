@@ -120,6 +120,16 @@ pub struct PagerStats {
     /// The pager's metadata: its folio tables, the CLOCK queue and the
     /// tier's entries (an estimate).
     pub metadata_bytes: u64,
+    /// `metadata_bytes` in its parts: the regions' folio tables,
+    pub metadata_folio_table_bytes: u64,
+    /// the reclaim lists' items,
+    pub metadata_reclaim_list_bytes: u64,
+    /// the tier's tree blocks (16 entries each),
+    pub metadata_tier_block_bytes: u64,
+    /// the tier's LRU items (one per block),
+    pub metadata_tier_lru_bytes: u64,
+    /// and the page hashes of kept swap entries.
+    pub metadata_kept_hash_bytes: u64,
     /// Bytes of the regions the pager manages now (from their folio tables).
     pub managed_bytes: u64,
     /// `metadata_bytes` per managed 4 KiB page (zram's table entry is 16 B).
@@ -193,6 +203,10 @@ impl Pager {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let folios = self.inner.tables.load(Ordering::Relaxed) / super::region::FOLIO_TABLE_BYTES;
         let managed_bytes = (folios * self.inner.cfg.folio_size) as u64;
+        // The parts read once, so that they add up to `metadata_bytes`.
+        let (tables, lists) = (self.inner.tables.load(Ordering::Relaxed), self.inner.list_metadata());
+        let tier_parts = self.inner.tier.entry_metadata_parts();
+        let metadata = tables + lists + tier_parts.0 + tier_parts.1 + tier_parts.2;
         PagerStats {
             zero_faults: r(&c.zero_faults),
             adoption_cuts: r(&c.adoption_cuts),
@@ -237,12 +251,17 @@ impl Pager {
             fenced_pages: r(&c.fenced_pages),
             adopted_zero_pages: r(&c.adopted_zero_pages),
             stray_zero_pages: r(&c.stray_zero_pages),
-            metadata_bytes: self.inner.metadata() as u64,
+            metadata_bytes: metadata as u64,
+            metadata_folio_table_bytes: tables as u64,
+            metadata_reclaim_list_bytes: lists as u64,
+            metadata_tier_block_bytes: tier_parts.0 as u64,
+            metadata_tier_lru_bytes: tier_parts.1 as u64,
+            metadata_kept_hash_bytes: tier_parts.2 as u64,
             managed_bytes,
             metadata_bytes_per_page: if managed_bytes == 0 {
                 0.0
             } else {
-                self.inner.metadata() as f64 / (managed_bytes / PAGE_SIZE as u64) as f64
+                metadata as f64 / (managed_bytes / PAGE_SIZE as u64) as f64
             },
             usage_bytes: self.inner.usage() as u64,
             limit_bytes: self.inner.limit() as u64,
