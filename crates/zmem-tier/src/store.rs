@@ -203,6 +203,7 @@ impl Tier {
         cursor.unlock();
         drop(dropped);
         self.lru.push(lru_items);
+        self.trim_lru();
         let c = &self.counters;
         inc(&c.zswpout, (n - nreused) as u64);
         inc(&c.cached_reused, nreused as u64);

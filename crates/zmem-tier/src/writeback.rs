@@ -170,6 +170,21 @@ impl Tier {
 
 impl Tier {
     /// Whether block `b` of the tree holds an entry for which `f` says yes.
+    /// Drops the LRU's stale items once the list has doubled since its last
+    /// rebuild, as writeback does before each batch. A store calls it: with
+    /// the pool under its limit no writeback runs, and every store pushes
+    /// an item while loads leave theirs behind. Redis paging 1.2M keys
+    /// (`DEBUG DIGEST`) under 64M ended with 6.6 MB of items for ~4,500
+    /// blocks, 6.6 of its 7.7 MB of metadata, all of it charged to the
+    /// limit. Skipped while a shrinker runs (it rebuilds).
+    pub(crate) fn trim_lru(&self) {
+        if !self.lru.needs_rebuild() {
+            return;
+        }
+        let Ok(_one_at_a_time) = self.shrink_lock.try_lock() else { return };
+        self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
+    }
+
     pub(crate) fn block_has(&self, b: u64, f: impl Fn(&Entry) -> bool) -> bool {
         let first = b * BLOCK as u64;
         let shard = self.tree.lock(first);
