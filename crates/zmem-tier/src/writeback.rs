@@ -34,9 +34,7 @@ impl Tier {
     fn writeback_batch(&self, scratch: &mut Vec<u8>, max: usize) -> Pass {
         let mut pass = Pass::default();
         let Some(sf) = self.swap.as_ref().filter(|_| self.cfg.writeback) else { return pass };
-        if self.lru.needs_rebuild() {
-            self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
-        }
+        self.rebuild_lru_if_doubled();
         scratch.resize(max * PAGE_SIZE, 0);
         // (key, id, the object's handle), and where in `scratch` the
         // object was copied.
@@ -169,7 +167,6 @@ impl Tier {
 }
 
 impl Tier {
-    /// Whether block `b` of the tree holds an entry for which `f` says yes.
     /// Drops the LRU's stale items once the list has doubled since its last
     /// rebuild, as writeback does before each batch. A store calls it: with
     /// the pool under its limit no writeback runs, and every store pushes
@@ -182,9 +179,17 @@ impl Tier {
             return;
         }
         let Ok(_one_at_a_time) = self.shrink_lock.try_lock() else { return };
-        self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
+        self.rebuild_lru_if_doubled();
     }
 
+    /// The rebuild itself; the caller holds `shrink_lock`.
+    fn rebuild_lru_if_doubled(&self) {
+        if self.lru.needs_rebuild() {
+            self.lru.rebuild(|b| self.block_has(b, |e| e.in_pool()));
+        }
+    }
+
+    /// Whether block `b` of the tree holds an entry for which `f` says yes.
     pub(crate) fn block_has(&self, b: u64, f: impl Fn(&Entry) -> bool) -> bool {
         let first = b * BLOCK as u64;
         let shard = self.tree.lock(first);

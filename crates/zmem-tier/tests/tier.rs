@@ -974,6 +974,7 @@ fn stores_and_loads_that_never_fill_the_pool_keep_the_lru_small() {
     }
     assert_eq!(t.stats().written_back_pages, 0, "the pool never filled");
     // The list is rebuilt past 4,096 items (8 bytes each) once it has
-    // doubled; 20,000 pushes without that hold 160 KB.
+    // doubled; without that, 20,000 pushes hold 160 KB of items (256 KiB
+    // of capacity).
     assert!(most <= 64 << 10, "the LRU held up to {most} bytes of items for 8 blocks");
 }
