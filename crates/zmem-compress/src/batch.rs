@@ -155,6 +155,56 @@ pub(crate) enum TicketInner {
     Ready(Batch),
     /// Running on engines.
     Inflight(Arc<Inflight>),
+    /// Running on a device outside this crate (a hardware backend).
+    Pending(Box<dyn PendingBatch>),
+}
+
+/// A batch that a device outside this crate has started: how a hardware
+/// backend (a GPU through nvCOMP, say) hands its work to the ticket API.
+///
+/// All of a pending batch's items were started at submit time, so whoever
+/// waits on it, its own device or another, gets every item's real result.
+pub trait PendingBatch: Send + std::fmt::Debug {
+    /// Whether the device has finished. Never blocks.
+    fn is_done(&self) -> bool;
+    /// Blocks until the device has finished and hands the batch back with a
+    /// result in each item.
+    fn finish(self: Box<Self>) -> Batch;
+}
+
+impl Ticket {
+    /// The ticket of a batch a device outside this crate runs.
+    pub fn pending(batch: Box<dyn PendingBatch>) -> Ticket {
+        Ticket { inner: TicketInner::Pending(batch) }
+    }
+
+    /// The ticket of a batch that completed at submit time.
+    pub fn ready(batch: Batch) -> Ticket {
+        Ticket { inner: TicketInner::Ready(batch) }
+    }
+
+    /// Whether the batch has completed, for a device that did not issue
+    /// the ticket: a pending batch is asked; an engine batch is only
+    /// reported, never driven.
+    pub fn is_done(&self) -> bool {
+        match &self.inner {
+            TicketInner::Ready(_) => true,
+            TicketInner::Inflight(inf) => inf.done(),
+            TicketInner::Pending(p) => p.is_done(),
+        }
+    }
+
+    /// Waits for the batch, for a device that did not issue the ticket:
+    /// a pending batch completes; of an engine batch, what its engines started
+    /// completes and the rest is returned unrun ([`ItemError::ForeignTicket`],
+    /// never run with the wrong codec).
+    pub fn finish_foreign(self) -> Batch {
+        match self.inner {
+            TicketInner::Ready(b) => b,
+            TicketInner::Inflight(inf) => inf.abandon(),
+            TicketInner::Pending(p) => p.finish(),
+        }
+    }
 }
 
 /// N pages per call, synchronously or by submit-then-poll.
@@ -163,8 +213,11 @@ pub(crate) enum TicketInner {
 /// - Every call takes at most [`batch_size`](Self::batch_size) items and
 ///   returns [`Error::BatchTooLarge`] otherwise, touching nothing.
 /// - Each item gets its own result; one `Poor` page does not fail the rest.
-/// - Outputs are byte-identical to [`Compressor::compress`] of the same codec,
-///   whichever engine or fallback path ran them.
+/// - Outputs of the software implementations ([`Sequential`], the engines)
+///   are byte-identical to [`Compressor::compress`] of the same codec,
+///   whichever engine or fallback path ran them. A hardware backend's outputs
+///   are in the same codec's format, so the software decompressor of that
+///   codec reads them back, but its matcher may choose other bytes.
 /// - A [`Ticket`] MUST be passed back to the instance that issued it.
 ///   Another instance's `wait` does not panic: it returns the items it
 ///   could not run as [`ItemError::ForeignTicket`].
@@ -335,19 +388,15 @@ impl BatchCompressor for Sequential {
                 item.run(op, ctx);
             }
         });
-        Ok(Ticket { inner: TicketInner::Ready(batch) })
+        Ok(Ticket::ready(batch))
     }
 
-    fn poll(&self, _ticket: &Ticket) -> bool {
-        true
+    fn poll(&self, ticket: &Ticket) -> bool {
+        ticket.is_done()
     }
 
     fn wait(&self, ticket: Ticket) -> Batch {
-        match ticket.inner {
-            TicketInner::Ready(b) => b,
-            // Another device's ticket: what its engines started completes,
-            // the rest is returned unrun (never run with the wrong codec).
-            TicketInner::Inflight(inf) => inf.abandon(),
-        }
+        // Every ticket this adapter issues is Ready.
+        ticket.finish_foreign()
     }
 }

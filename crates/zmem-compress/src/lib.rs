@@ -21,7 +21,7 @@ pub mod engines;
 mod error;
 pub mod inject;
 
-pub use batch::{Batch, BatchCompressor, BatchItem, Factory, ItemError, Op, Sequential, Ticket};
+pub use batch::{Batch, BatchCompressor, BatchItem, Factory, ItemError, Op, PendingBatch, Sequential, Ticket};
 pub use codec::{CodecKind, CodecSpec, Compressor};
 pub use engines::{EngineStats, Engines, EnginesConfig, WqMode};
 pub use error::{CompressError, DecompressError, Error};

@@ -75,7 +75,7 @@ impl Inflight {
         }
     }
 
-    fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.remaining.load(Ordering::Acquire) == 0
     }
 
@@ -506,7 +506,7 @@ impl BatchCompressor for Engines {
     /// completion.
     fn poll(&self, ticket: &Ticket) -> bool {
         match &ticket.inner {
-            TicketInner::Ready(_) => true,
+            TicketInner::Ready(_) | TicketInner::Pending(_) => ticket.is_done(),
             TicketInner::Inflight(inf) => {
                 for i in 0..inf.items.len() {
                     if inf.inline[i] && inf.claim(i) {
@@ -520,8 +520,8 @@ impl BatchCompressor for Engines {
 
     fn wait(&self, ticket: Ticket) -> Batch {
         match ticket.inner {
-            TicketInner::Ready(b) => b,
             TicketInner::Inflight(inf) => self.wait_inner(inf),
+            inner => Ticket { inner }.finish_foreign(),
         }
     }
 }

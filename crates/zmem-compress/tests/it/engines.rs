@@ -225,3 +225,57 @@ fn a_foreign_ticket_never_panics_and_never_runs_with_the_wrong_codec() {
         }
     }
 }
+
+/// A device outside the crate, as a hardware backend is: each batch runs on
+/// a thread of its own and is handed back through `Ticket::pending`.
+#[derive(Debug)]
+struct ThreadDevice(CodecSpec);
+
+#[derive(Debug)]
+struct OnThread(std::thread::JoinHandle<Batch>);
+
+impl zmem_compress::PendingBatch for OnThread {
+    fn is_done(&self) -> bool {
+        self.0.is_finished()
+    }
+    fn finish(self: Box<Self>) -> Batch {
+        self.0.join().expect("the device thread does not panic")
+    }
+}
+
+impl ThreadDevice {
+    fn submit(&self, b: Batch) -> zmem_compress::Ticket {
+        let spec = self.0;
+        zmem_compress::Ticket::pending(Box::new(OnThread(std::thread::spawn(move || {
+            let seq = Sequential::from_spec(spec);
+            let t = seq.submit(b).unwrap();
+            seq.wait(t)
+        }))))
+    }
+}
+
+/// Every item of a pending batch was started by its device, so whichever
+/// compressor waits on its ticket gets the device's real results, never
+/// `ForeignTicket`.
+#[test]
+fn a_pending_ticket_from_another_device_completes_with_that_devices_results() {
+    let dev = ThreadDevice(spec("zstd:1"));
+    let lz4 = Sequential::new(spec("lz4").factory(), 8).unwrap();
+    let eng = Engines::new(EnginesConfig { engines: 1, ..Default::default() }, spec("lz4").factory()).unwrap();
+    let pages: Vec<&[u8]> = corpus().pages().take(8).collect();
+    let mut zstd = spec("zstd:1").build();
+    let waiters: [&dyn BatchCompressor; 2] = [&lz4, &eng];
+    for waiter in waiters {
+        let t = dev.submit(Batch::compress(pages.iter().copied()));
+        while !waiter.poll(&t) {
+            std::thread::yield_now();
+        }
+        let b = waiter.wait(t);
+        for (item, page) in b.items.iter().zip(&pages) {
+            let got = item.output().expect("every item has a result").expect("compressed");
+            let mut want = vec![0u8; PAGE_SIZE];
+            let n = zstd.compress(page, &mut want).unwrap();
+            assert_eq!(got, &want[..n], "{}: the device's codec, not the waiter's", waiter.name());
+        }
+    }
+}
