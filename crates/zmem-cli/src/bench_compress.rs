@@ -40,6 +40,14 @@ pub struct Args {
     /// Decompress-and-compare every output on the device.
     #[arg(long)]
     verify: bool,
+    /// The device measured against the sequential adapter: `engines` (the
+    /// multi-engine device) or `nvcomp` (a CUDA GPU through nvCOMP's batched
+    /// LZ4; lz4 only; needs NVIDIA's driver and libnvcomp.so.6).
+    #[arg(long, default_value = "engines")]
+    device: String,
+    /// nvCOMP's library, a file name the loader searches for or a path.
+    #[arg(long, default_value = zmem_nvcomp::DEFAULT_LIBRARY)]
+    nvcomp_lib: String,
     /// Seconds per measurement round.
     #[arg(long, default_value_t = 0.15)]
     secs: f64,
@@ -54,6 +62,7 @@ pub struct Args {
 #[derive(Debug, Serialize)]
 struct Row {
     codec: String,
+    device: String,
     batch: usize,
     ratio: f64,
     poor_pages: usize,
@@ -70,6 +79,24 @@ struct Row {
     helped_calls: u64,
     engine_calls: u64,
     verify_failures: u64,
+    /// nvcomp only: items the GPU ran, and items that ran on liblz4.
+    gpu_items: u64,
+    cpu_items: u64,
+}
+
+/// The device under test.
+enum Device {
+    Engines(Engines),
+    Nvcomp(zmem_nvcomp::NvcompLz4),
+}
+
+impl Device {
+    fn bc(&self) -> &dyn BatchCompressor {
+        match self {
+            Device::Engines(e) => e,
+            Device::Nvcomp(n) => n,
+        }
+    }
 }
 
 /// Compressed form of the corpus under one codec (Poor pages left out).
@@ -190,6 +217,16 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("--secs must be in (0, 60), --repeat and --inflight at least 1");
     }
     let wq_mode: WqMode = args.wq_mode.parse()?;
+    let nvcomp = match args.device.as_str() {
+        "engines" => false,
+        "nvcomp" => true,
+        d => bail!("unknown --device {d:?}; valid devices are: engines, nvcomp"),
+    };
+    if nvcomp {
+        if let Some(s) = specs.iter().find(|s| s.to_string() != "lz4") {
+            bail!("--device nvcomp runs lz4 only, not {s}; pass --codec lz4");
+        }
+    }
     let corpus = Corpus::sample_or(args.corpus.as_deref())?;
     let pages: Vec<&[u8]> = corpus.pages().collect();
     let engines = args.engines.unwrap_or_else(|| EnginesConfig::default().engines);
@@ -205,13 +242,13 @@ pub fn run(args: &Args) -> Result<()> {
         )?;
         writeln!(
             out,
-            "engines: {engines}, wq_mode: {wq_mode}, inflight: {}, best of {} x {:.2}s; MB/s = 10^6 uncompressed bytes/s",
-            args.inflight, args.repeat, args.secs
+            "device: {}, engines: {engines}, wq_mode: {wq_mode}, inflight: {}, best of {} x {:.2}s; MB/s = 10^6 uncompressed bytes/s",
+            args.device, args.inflight, args.repeat, args.secs
         )?;
         writeln!(
             out,
             "{:<10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",
-            "codec", "batch", "ratio", "seq c MB/s", "seq d MB/s", "eng c MB/s", "eng d MB/s", "c speed", "d speed"
+            "codec", "batch", "ratio", "seq c MB/s", "seq d MB/s", "dev c MB/s", "dev d MB/s", "c speed", "d speed"
         )?;
     }
     let mut rows = Vec::new();
@@ -228,18 +265,40 @@ pub fn run(args: &Args) -> Result<()> {
                 verify_compress: args.verify,
                 ..Default::default()
             };
-            let dev = Engines::new(cfg, spec.factory())?;
+            let dev = if nvcomp {
+                let ncfg = zmem_nvcomp::NvcompConfig {
+                    library: args.nvcomp_lib.clone(),
+                    streams: args.inflight.max(1),
+                    decompress: zmem_nvcomp::Placement::Gpu,
+                    verify: args.verify,
+                    ..Default::default()
+                };
+                let n = zmem_nvcomp::NvcompLz4::new(ncfg)?;
+                if !args.json {
+                    writeln!(out, "device: {} (nvCOMP {})", n.gpu().name(), n.gpu().nvcomp_version())?;
+                }
+                Device::Nvcomp(n)
+            } else {
+                Device::Engines(Engines::new(cfg, spec.factory())?)
+            };
             let mut spare = Vec::new();
             let (mut sc, mut sd, mut ec, mut ed) = (0f64, 0f64, 0f64, 0f64);
             for _ in 0..args.repeat {
                 sc = sc.max(rate(args.secs, || compress_pass(&seq, &pages, batch, 1, &mut spare)));
-                ec = ec.max(rate(args.secs, || compress_pass(&dev, &pages, batch, args.inflight, &mut spare)));
+                ec = ec.max(rate(args.secs, || compress_pass(dev.bc(), &pages, batch, args.inflight, &mut spare)));
                 sd = sd.max(rate(args.secs, || decompress_pass(&seq, &objs, batch, 1, &mut spare)));
-                ed = ed.max(rate(args.secs, || decompress_pass(&dev, &objs, batch, args.inflight, &mut spare)));
+                ed = ed.max(rate(args.secs, || decompress_pass(dev.bc(), &objs, batch, args.inflight, &mut spare)));
             }
-            let st = zmem_compress::EngineStats::sum(&dev.stats());
+            let (st, nst) = match &dev {
+                Device::Engines(e) => (zmem_compress::EngineStats::sum(&e.stats()), Default::default()),
+                Device::Nvcomp(n) => (Default::default(), n.stats()),
+            };
+            if nst.verify_failures > 0 || nst.gpu_errors > 0 {
+                bail!("nvcomp: {nst:?}");
+            }
             let row = Row {
                 codec: spec.to_string(),
+                device: args.device.clone(),
                 batch,
                 ratio,
                 poor_pages: comp.poor,
@@ -255,7 +314,9 @@ pub fn run(args: &Args) -> Result<()> {
                 sw_fallback_calls: st.sw_fallback_calls,
                 helped_calls: st.helped_calls,
                 engine_calls: st.compress_calls + st.decompress_calls - st.helped_calls - st.sw_fallback_calls,
-                verify_failures: st.verify_failures,
+                verify_failures: st.verify_failures + nst.verify_failures,
+                gpu_items: nst.gpu_items,
+                cpu_items: nst.cpu_items,
             };
             if !args.json {
                 writeln!(
