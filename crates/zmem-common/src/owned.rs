@@ -69,12 +69,30 @@ pub fn forget_stale(start: u64) {
 
 /// The recorded ranges that overlap `[start, end)`, in address order.
 pub fn overlapping(start: u64, end: u64) -> Vec<(u64, u64, Kind)> {
+    overlapping_in(&RANGES.lock_ok(), start, end)
+}
+
+/// [`overlapping`], or `None` at once if the table is locked: for a
+/// userfaultfd handler, which must never wait for a forking thread. That
+/// thread holds the table from the prepare step of fork to its end
+/// ([`fork_lock`]), and may itself be waiting for the handler: for a fault
+/// it took meanwhile, or, with `UFFD_FEATURE_EVENT_FORK`, for its FORK
+/// event to be read.
+pub fn try_overlapping(start: u64, end: u64) -> Option<Vec<(u64, u64, Kind)>> {
+    let ranges = match RANGES.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    Some(overlapping_in(&ranges, start, end))
+}
+
+fn overlapping_in(ranges: &BTreeMap<u64, (u64, Kind)>, start: u64, end: u64) -> Vec<(u64, u64, Kind)> {
     let mut out = Vec::new();
     let (hs, he) = (HEAP[0].load(Ordering::Acquire), HEAP[1].load(Ordering::Relaxed));
     if hs != 0 && hs < end && start < he {
         out.push((hs, he, Kind::Zmem));
     }
-    let ranges = RANGES.lock_ok();
     // A range that starts before `start` may still reach into it.
     if let Some((&s, &(e, k))) = ranges.range(..start).next_back() {
         if e > start {

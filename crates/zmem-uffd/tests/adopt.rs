@@ -274,6 +274,52 @@ fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
     }
 }
 
+/// A forking thread holds zmem's table of its own ranges from the prepare
+/// step of fork to its end (`owned::fork_lock`). A stray fault meanwhile,
+/// the forking thread's own or another's, is still served: filling ahead
+/// needs that table, so it is skipped. The handler used to wait for the
+/// table before it woke the thread; with `UFFD_FEATURE_EVENT_FORK`, where
+/// fork waits for the handler to read its event, that was a deadlock (a
+/// forking Python server hung once in CI).
+#[test]
+fn a_stray_fault_is_served_while_a_forking_thread_holds_zmems_ranges() {
+    let _wd = watchdog("adopt-stray-fork", 60);
+    let tail = 5;
+    let len = MIB + tail * PAGE_SIZE;
+    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
+    let base = mmap(0, len);
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
+    let before = pager.stats();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fork = zmem_common::owned::fork_lock();
+    let toucher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            write(base + MIB, 7);
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let served = done.load(Ordering::SeqCst);
+    drop(fork);
+    toucher.join().unwrap();
+    assert!(served, "the stray fault waited for the forking thread's lock");
+    let s = pager.stats();
+    assert_eq!(s.stray_faults - before.stray_faults, 1, "{s:?}");
+    assert_eq!(s.stray_zero_pages, before.stray_zero_pages, "nothing filled ahead under the lock: {s:?}");
+    assert_eq!(bad_words(base + MIB, 7), 0);
+    // The lock released, a fault on the next page fills ahead again.
+    write(base + MIB + PAGE_SIZE, 8);
+    let s2 = pager.stats();
+    assert_eq!(s2.stray_zero_pages - s.stray_zero_pages, tail as u64 - 2, "{s2:?}");
+    for p in 2..tail {
+        assert!(page(base + MIB + p * PAGE_SIZE).iter().all(|w| w.load(Ordering::Relaxed) == 0), "tail page {p}");
+    }
+}
+
 /// The zero pages a stray fault fills ahead stay in the mapping that took
 /// it. The kernel's fills check only that a page is registered with *a*
 /// userfaultfd: here the next mapping is another pager's, with its first
