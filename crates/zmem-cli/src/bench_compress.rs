@@ -274,8 +274,8 @@ pub fn run(args: &Args) -> Result<()> {
                     ..Default::default()
                 };
                 let n = zmem_nvcomp::NvcompLz4::new(ncfg)?;
-                if !args.json {
-                    writeln!(out, "device: {} (nvCOMP {})", n.gpu().name(), n.gpu().nvcomp_version())?;
+                if !args.json && rows.is_empty() {
+                    writeln!(out, "GPU: {} (nvCOMP {})", n.gpu().name(), n.gpu().nvcomp_version())?;
                 }
                 Device::Nvcomp(n)
             } else {
