@@ -264,7 +264,12 @@ pub trait BatchCompressor: Send + Sync {
     fn wait(&self, ticket: Ticket) -> Batch;
 }
 
-pub(crate) fn check_shape(n_src: usize, n_dst: usize, n_out: usize, max: usize) -> Result<(), Error> {
+/// The checks every [`BatchCompressor`] call makes before any work: one
+/// destination and one result slot per source, and at most `max` items.
+///
+/// # Errors
+/// [`Error::BatchShape`] or [`Error::BatchTooLarge`].
+pub fn check_shape(n_src: usize, n_dst: usize, n_out: usize, max: usize) -> Result<(), Error> {
     if n_src != n_dst || n_src != n_out {
         return Err(Error::BatchShape { srcs: n_src, dsts: n_dst, results: n_out });
     }

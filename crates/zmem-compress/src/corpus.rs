@@ -113,6 +113,21 @@ impl Corpus {
     }
 }
 
+/// A page of xorshift bytes, the same for the same seed: no codec
+/// compresses it (`CompressError::Poor`), for tests and benchmarks that
+/// need such pages beside the corpus's.
+pub fn incompressible_page(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
 /// zstd-compresses a capture for storage (level 19: corpora are written once).
 ///
 /// # Errors

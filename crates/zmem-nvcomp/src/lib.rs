@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use zmem_common::LockExt;
-use zmem_compress::batch::MAX_BATCH_SIZE;
+use zmem_compress::batch::{check_shape, MAX_BATCH_SIZE};
 use zmem_compress::{
     Batch, BatchCompressor, CodecSpec, CompressError, DecompressError, Error, ItemError, Op, PendingBatch, Sequential,
     Ticket,
@@ -340,16 +340,6 @@ fn all_exact<'a, E: 'a>(results: impl Iterator<Item = &'a Result<usize, E>>, cap
     results.zip(caps).all(|(r, cap)| matches!(r, Ok(n) if n == cap))
 }
 
-fn check_shape(n_src: usize, n_dst: usize, n_out: usize) -> Result<(), Error> {
-    if n_src != n_dst || n_src != n_out {
-        return Err(Error::BatchShape { srcs: n_src, dsts: n_dst, results: n_out });
-    }
-    if n_src > MAX_BATCH_SIZE {
-        return Err(Error::BatchTooLarge { got: n_src, max: MAX_BATCH_SIZE });
-    }
-    Ok(())
-}
-
 impl BatchCompressor for NvcompLz4 {
     fn name(&self) -> String {
         "lz4@nvcomp".to_string()
@@ -365,7 +355,7 @@ impl BatchCompressor for NvcompLz4 {
         dst: &mut [&mut [u8]],
         out: &mut [Result<usize, CompressError>],
     ) -> Result<(), Error> {
-        check_shape(src.len(), dst.len(), out.len())?;
+        check_shape(src.len(), dst.len(), out.len(), MAX_BATCH_SIZE)?;
         let sh = &*self.shared;
         let caps: Vec<usize> = dst.iter().map(|d| d.len()).collect();
         let Some(slot) = sh.launch(Op::Compress, src, &caps).and_then(|s| sh.finish_slot(s)) else {
@@ -385,7 +375,7 @@ impl BatchCompressor for NvcompLz4 {
         dst: &mut [&mut [u8]],
         out: &mut [Result<usize, DecompressError>],
     ) -> Result<(), Error> {
-        check_shape(src.len(), dst.len(), out.len())?;
+        check_shape(src.len(), dst.len(), out.len(), MAX_BATCH_SIZE)?;
         let sh = &*self.shared;
         let caps: Vec<usize> = dst.iter().map(|d| d.len()).collect();
         let Some(slot) = sh.launch(Op::Decompress, src, &caps).and_then(|s| sh.finish_slot(s)) else {

@@ -20,15 +20,7 @@ fn corpus() -> &'static Corpus {
 }
 
 fn random_page(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
+    zmem_compress::corpus::incompressible_page(seed)
 }
 
 /// A page of one of the kinds the tier treats differently.

@@ -248,6 +248,16 @@ fn never_touched_pages_of_a_folio_partly_present_at_adoption_cost_no_fault() {
     assert_eq!(bad, 0);
 }
 
+/// A pager that adopted 1 MiB plus `tail` pages: the tail is registered,
+/// but in no region. Returns the pager, the mapping and its length.
+fn adopted_with_tail(tail: usize) -> (Pager, usize, usize) {
+    let len = MIB + tail * PAGE_SIZE;
+    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
+    let base = mmap(0, len);
+    assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
+    (pager, base, len)
+}
+
 /// The tail of an adopted mapping past its last whole folio is registered
 /// but in no region: a fault there is a stray one, served with the zero
 /// page. The pages after it get one too, so a walk over the tail costs one
@@ -256,10 +266,7 @@ fn never_touched_pages_of_a_folio_partly_present_at_adoption_cost_no_fault() {
 fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
     let _wd = watchdog("adopt-tail", 60);
     let tail = 5;
-    let len = MIB + tail * PAGE_SIZE;
-    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
-    let base = mmap(0, len);
-    assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
+    let (pager, base, len) = adopted_with_tail(tail);
     let before = pager.stats();
     for p in MIB / PAGE_SIZE..len / PAGE_SIZE {
         let a = base + p * PAGE_SIZE;
@@ -279,16 +286,13 @@ fn a_walk_over_an_adopted_mappings_tail_costs_one_fault() {
 /// the forking thread's own or another's, is still served: filling ahead
 /// needs that table, so it is skipped. The handler used to wait for the
 /// table before it woke the thread; with `UFFD_FEATURE_EVENT_FORK`, where
-/// fork waits for the handler to read its event, that was a deadlock (a
-/// forking Python server hung once in CI).
+/// fork waits for the handler to read its event, that was a deadlock (the
+/// likeliest cause of the forking-server test's one hang in CI).
 #[test]
 fn a_stray_fault_is_served_while_a_forking_thread_holds_zmems_ranges() {
     let _wd = watchdog("adopt-stray-fork", 60);
     let tail = 5;
-    let len = MIB + tail * PAGE_SIZE;
-    let pager = new_pager(PagerConfig::with_limit(8 * MIB));
-    let base = mmap(0, len);
-    assert_eq!(pager.adopt(base as u64, len).unwrap(), MIB);
+    let (pager, base, _) = adopted_with_tail(tail);
     let before = pager.stats();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fork = zmem_common::owned::fork_lock();
