@@ -9,7 +9,9 @@
 //! nvCOMP's LZ4 writes plain LZ4 blocks, which liblz4 reads. So:
 //! - objects the GPU compressed load on the CPU, and by default
 //!   [`Placement::Cpu`] decompresses there: a page fault waits for one
-//!   page, and a GPU round trip costs more than liblz4 decoding it;
+//!   page, and a GPU round trip costs more than liblz4 decoding it
+//!   ([`Placement::Gpu`] is for objects this process compressed itself:
+//!   nvCOMP's decoder does not reject corrupt blocks);
 //! - with [`NvcompConfig::verify`], every object is decompressed by liblz4
 //!   and compared with its page before it is returned (the check the
 //!   multi-engine device offers);
