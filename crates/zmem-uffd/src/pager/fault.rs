@@ -604,10 +604,11 @@ impl Inner {
         // Up to the first of zmem's own mappings (mmap hands out addresses
         // downwards, so the program's mapping often ends right below a
         // pool arena); none if the page is in one (a staging page). None
-        // either while a forking thread holds zmem's table of them: the
-        // thread that faulted is not woken until this returns, and it may
-        // be that forking thread (or, with `fork_event`, the fork waits for
-        // this handler to read its event).
+        // either while anyone holds zmem's table of them: a forking thread
+        // holds it across fork, the thread that faulted is not woken until
+        // this returns, and it may be that forking thread (or, with
+        // `fork_event`, the fork waits for this handler to read its event).
+        // A skipped fill costs only the faults it would have saved.
         let Some(own) = zmem_common::owned::try_overlapping(page, end) else { return };
         for (a, _, _) in own {
             if a <= page {
