@@ -262,6 +262,15 @@ pub trait BatchCompressor: Send + Sync {
 
     /// Blocks until the batch completes and returns it with every result set.
     fn wait(&self, ticket: Ticket) -> Batch;
+
+    /// Whether submitted batches run beside the caller (on engines or a
+    /// device), so that submitting several before waiting on the first
+    /// runs them at once. `false` (the default): `submit` does the work
+    /// itself before it returns, and the synchronous calls, which copy
+    /// nothing into owned buffers, are the cheaper way in.
+    fn runs_beside(&self) -> bool {
+        false
+    }
 }
 
 /// The checks every [`BatchCompressor`] call makes before any work: one

@@ -351,6 +351,10 @@ impl BatchCompressor for NvcompLz4 {
         MAX_BATCH_SIZE
     }
 
+    fn runs_beside(&self) -> bool {
+        true
+    }
+
     fn compress_batch(
         &self,
         src: &[&[u8]],

@@ -17,13 +17,24 @@
 //!   completion_timeouts++ and runs every not-yet-started item itself
 //! ```
 //!
-//! Every item has a claim flag, so an item runs exactly once: by an engine, by
-//! the submit-time fallback, or by the waiter after a completion timeout.
-//! All paths use the same codec and settings, so the output bytes do not
-//! depend on which path ran (tested).
+//! With `sync_on_caller`, the synchronous calls (`compress_batch`,
+//! `decompress_batch`) run on the calling thread and only submitted batches
+//! go to the engines: a caller that waits anyway (a fault's load) would
+//! pay a cross-core wake-up for a batch that takes less.
 //!
-//! The whole device is safe Rust: descriptors carry an `Arc` of the batch, and
-//! each item sits behind its own (uncontended) mutex.
+//! Every item has a claim flag, so an item starts once: on an engine, on the
+//! submit-time fallback, or on the waiter that helps. Past the completion
+//! timeout the waiter runs every item not finished yet, started or not: an
+//! engine that started one may have been descheduled (on a busy 2-core
+//! machine, for milliseconds), and the batch must not wait for it. Each item
+//! is published once, by whoever finishes it first (`finished`); the other
+//! run's output is dropped. All paths use the same codec and settings, so the
+//! output bytes do not depend on which path ran (tested).
+//!
+//! The whole device is safe Rust: descriptors carry an `Arc` of the batch.
+//! An item's input is shared (`Arc`), so a run reads it without a lock; a run
+//! writes into a buffer of its own and swaps it in when it publishes, under
+//! the item's (uncontended) mutex, held for the swap only.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,14 +56,17 @@ pub use config::{EnginesConfig, WqMode};
 use stats::Counters;
 pub use stats::EngineStats;
 
-/// How a submitting thread's descriptors are mapped onto engines.
 /// A batch in flight: its items, who claimed them, and who waits.
 #[derive(Debug)]
 pub(crate) struct Inflight {
     op: Op,
-    items: Vec<Mutex<BatchItem>>,
-    /// Set by whoever runs the item; an item runs exactly once.
+    items: Vec<Mutex<Slot>>,
+    /// Each item's room for output: its `dst` length at submit.
+    rooms: Vec<usize>,
+    /// Set by whoever starts the item first.
     claimed: Vec<AtomicBool>,
+    /// Set by whoever publishes the item's result: exactly one run does.
+    finished: Vec<AtomicBool>,
     /// The engine each item was mapped to (for counters).
     engine_of: Vec<usize>,
     /// Items kept for the submitting core: never queued, run by `poll` or
@@ -62,9 +76,43 @@ pub(crate) struct Inflight {
     waiter: Mutex<Option<Thread>>,
 }
 
+/// An item in flight.
+#[derive(Debug, Default)]
+struct Slot {
+    /// Shared, so that a run reads it without holding the slot's lock.
+    src: Arc<Vec<u8>>,
+    dst: Vec<u8>,
+    result: Option<Result<usize, ItemError>>,
+}
+
 impl Inflight {
     fn claim(&self, i: usize) -> bool {
         !self.claimed[i].swap(true, Ordering::AcqRel)
+    }
+
+    /// Runs item `i` into `out` and publishes the result, unless another run
+    /// published first (then this one's output is dropped). `out` comes back
+    /// holding a buffer to reuse. Whether this run published.
+    fn run(&self, i: usize, ctx: &mut dyn Compressor, w: &mut Worker<'_>, out: &mut Vec<u8>) -> bool {
+        if self.finished[i].load(Ordering::Acquire) {
+            return false;
+        }
+        let src = Arc::clone(&self.items[i].lock_ok().src);
+        if out.len() != self.rooms[i] {
+            out.resize(self.rooms[i], 0);
+        }
+        let r = w.run(self.op, &src, out, ctx);
+        drop(src);
+        if self.finished[i].swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        {
+            let mut slot = self.items[i].lock_ok();
+            std::mem::swap(&mut slot.dst, out);
+            slot.result = Some(r);
+        }
+        self.complete_one();
+        true
     }
 
     fn complete_one(&self) {
@@ -84,7 +132,7 @@ impl Inflight {
     /// `ItemError::ForeignTicket`; started ones are waited for.
     pub(crate) fn abandon(self: Arc<Self>) -> Batch {
         for i in 0..self.items.len() {
-            if self.claim(i) {
+            if self.claim(i) && !self.finished[i].swap(true, Ordering::AcqRel) {
                 self.items[i].lock_ok().result = Some(Err(ItemError::ForeignTicket));
                 self.complete_one();
             }
@@ -98,9 +146,19 @@ impl Inflight {
     /// Moves the items out through their mutexes: descriptors of items a
     /// fallback path claimed may still sit in queues (or in a stalled
     /// engine) holding a clone of the Arc, so it cannot be unwrapped. A late
-    /// engine finds them claimed and drops the descriptor.
+    /// engine finds them claimed and drops the descriptor. An input a
+    /// stalled run still reads is copied (its buffer stays with that run).
     fn take_batch(&self) -> Batch {
-        Batch { op: self.op, items: self.items.iter().map(|m| std::mem::take(&mut *m.lock_ok())).collect() }
+        let items = self
+            .items
+            .iter()
+            .map(|m| {
+                let slot = std::mem::take(&mut *m.lock_ok());
+                let src = Arc::try_unwrap(slot.src).unwrap_or_else(|shared| (*shared).clone());
+                BatchItem { src, dst: slot.dst, result: slot.result }
+            })
+            .collect();
+        Batch { op: self.op, items }
     }
 }
 
@@ -112,33 +170,39 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    fn run(&mut self, op: Op, item: &mut BatchItem, ctx: &mut dyn Compressor) {
-        match op {
+    fn run(&mut self, op: Op, src: &[u8], dst: &mut [u8], ctx: &mut dyn Compressor) -> Result<usize, ItemError> {
+        let r = match op {
             Op::Compress => {
                 self.counters.compress_calls.fetch_add(1, Ordering::Relaxed);
+                ctx.compress(src, dst).map_err(ItemError::from)
             }
             Op::Decompress => {
                 self.counters.decompress_calls.fetch_add(1, Ordering::Relaxed);
+                ctx.decompress(src, dst).map_err(ItemError::from)
             }
-        }
-        let r = item.run(op, ctx).clone();
+        };
         match (op, r) {
             (Op::Compress, Err(ItemError::Compress(CompressError::Poor))) => {
                 self.counters.poor_outputs.fetch_add(1, Ordering::Relaxed);
+                Err(ItemError::Compress(CompressError::Poor))
             }
             (Op::Compress, Ok(n)) if self.verify => {
-                self.scratch.resize(item.src.len(), 0);
-                let ok = matches!(ctx.decompress(&item.dst[..n], self.scratch), Ok(m)
-                    if m == item.src.len() && self.scratch[..m] == item.src[..]);
-                if !ok {
-                    self.counters.verify_failures.fetch_add(1, Ordering::Relaxed);
-                    item.result = Some(Err(ItemError::Compress(CompressError::VerifyFailed {
-                        codec: crate::codec::static_name(ctx.name()),
-                    })));
-                }
+                self.check(ctx, src, &dst[..n]).map(|()| n).map_err(ItemError::from)
             }
-            _ => {}
+            (_, r) => r,
         }
+    }
+}
+
+impl Worker<'_> {
+    /// `verify_compress`: whether `out` decompresses back to `src`.
+    fn check(&mut self, ctx: &mut dyn Compressor, src: &[u8], out: &[u8]) -> Result<(), CompressError> {
+        self.scratch.resize(src.len(), 0);
+        if matches!(ctx.decompress(out, self.scratch), Ok(m) if m == src.len() && self.scratch[..m] == *src) {
+            return Ok(());
+        }
+        self.counters.verify_failures.fetch_add(1, Ordering::Relaxed);
+        Err(CompressError::VerifyFailed { codec: crate::codec::static_name(ctx.name()) })
     }
 }
 
@@ -150,6 +214,9 @@ enum Inline {
     /// The waiter had nothing better to do (`help_on_wait`).
     Help,
 }
+
+/// Output buffers the software path keeps for reuse.
+const KEEP_OUTS: usize = 8;
 
 struct Shared {
     counters: Vec<Counters>,
@@ -163,6 +230,8 @@ pub struct Engines {
     threads: Vec<JoinHandle<()>>,
     /// The software path: contexts for the submitting and waiting threads.
     sw: CtxPool,
+    /// Output buffers of the software path, for reuse.
+    outs: Mutex<Vec<Vec<u8>>>,
     rr: AtomicUsize,
     /// Test hook: while set, engines take no descriptors.
     paused: Arc<AtomicBool>,
@@ -209,7 +278,16 @@ impl Engines {
             .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.push(t);
         }
-        Ok(Engines { shared, queues, threads, sw: CtxPool::new(factory), rr: AtomicUsize::new(0), paused, ncpus })
+        Ok(Engines {
+            shared,
+            queues,
+            threads,
+            sw: CtxPool::new(factory),
+            outs: Mutex::new(Vec::new()),
+            rr: AtomicUsize::new(0),
+            paused,
+            ncpus,
+        })
     }
 
     /// Per-engine counters.
@@ -235,8 +313,9 @@ impl Engines {
         }
     }
 
-    /// Runs one claimed item on the calling thread: the software path after
-    /// a timeout, or help while waiting.
+    /// Runs an item on the calling thread: the software path after a
+    /// timeout, or help while waiting. Claimed by the caller, or (past the
+    /// completion timeout) started by an engine that has not finished it.
     fn run_sw(&self, inf: &Inflight, i: usize, why: Inline) {
         let counters = &self.shared.counters[inf.engine_of[i]];
         match why {
@@ -245,11 +324,12 @@ impl Engines {
         };
         let mut scratch = Vec::new();
         let mut w = Worker { verify: self.shared.cfg.verify_compress, counters, scratch: &mut scratch };
-        self.sw.with(|ctx| {
-            let mut item = inf.items[i].lock_ok();
-            w.run(inf.op, &mut item, ctx);
-        });
-        inf.complete_one();
+        let mut out = self.outs.lock_ok().pop().unwrap_or_default();
+        self.sw.with(|ctx| inf.run(i, ctx, &mut w, &mut out));
+        let mut outs = self.outs.lock_ok();
+        if outs.len() < KEEP_OUTS {
+            outs.push(out);
+        }
     }
 
     fn submit_inner(&self, batch: Batch) -> Result<Arc<Inflight>, Error> {
@@ -276,7 +356,13 @@ impl Engines {
             op: batch.op,
             inline,
             claimed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            items: batch.items.into_iter().map(Mutex::new).collect(),
+            finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            rooms: batch.items.iter().map(|it| it.dst.len()).collect(),
+            items: batch
+                .items
+                .into_iter()
+                .map(|it| Mutex::new(Slot { src: Arc::new(it.src), dst: it.dst, result: None }))
+                .collect(),
             engine_of,
             remaining: AtomicUsize::new(n),
             waiter: Mutex::new(None),
@@ -331,16 +417,20 @@ impl Engines {
                 if !timed_out && now >= deadline {
                     timed_out = true;
                     self.shared.counters[inf.engine_of[0]].completion_timeouts.fetch_add(1, Ordering::Relaxed);
+                    // Started or not: an engine may sit descheduled in the
+                    // middle of an item for longer than the item takes here.
                     for i in 0..inf.items.len() {
-                        if inf.claim(i) {
+                        if !inf.finished[i].load(Ordering::Acquire) {
+                            inf.claim(i);
                             self.run_sw(&inf, i, Inline::Fallback);
                         }
                     }
                     continue;
                 }
                 if timed_out {
-                    // What is left is running on an engine right now.
-                    thread::park_timeout(Duration::from_millis(1));
+                    // Every item is finished; a run that published has yet
+                    // to count itself done.
+                    thread::yield_now();
                 } else {
                     thread::park_timeout(deadline - now);
                 }
@@ -397,7 +487,7 @@ fn engine_main(
         let _ = rustix::thread::sched_setaffinity(None, &set);
     }
     let counters = &shared.counters[k];
-    let mut scratch = Vec::new();
+    let (mut scratch, mut out) = (Vec::new(), Vec::new());
     while let Some((inf, i)) = next_descriptor(&rx, shared.cfg.idle_spin) {
         while paused.load(Ordering::Acquire) {
             thread::sleep(Duration::from_millis(1));
@@ -405,12 +495,8 @@ fn engine_main(
         if !inf.claim(i) {
             continue;
         }
-        {
-            let mut item = inf.items[i].lock_ok();
-            let mut w = Worker { verify: shared.cfg.verify_compress, counters, scratch: &mut scratch };
-            w.run(inf.op, &mut item, ctx.as_mut());
-        }
-        inf.complete_one();
+        let mut w = Worker { verify: shared.cfg.verify_compress, counters, scratch: &mut scratch };
+        inf.run(i, ctx.as_mut(), &mut w, &mut out);
     }
 }
 
@@ -455,6 +541,10 @@ impl BatchCompressor for Engines {
         self.shared.cfg.batch_size
     }
 
+    fn runs_beside(&self) -> bool {
+        true
+    }
+
     fn compress_batch(
         &self,
         src: &[&[u8]],
@@ -462,6 +552,27 @@ impl BatchCompressor for Engines {
         out: &mut [Result<usize, CompressError>],
     ) -> Result<(), Error> {
         check_shape(src.len(), dst.len(), out.len(), self.shared.cfg.batch_size)?;
+        if self.shared.cfg.sync_on_caller {
+            let mut scratch = Vec::new();
+            let counters = &self.shared.counters[0];
+            let mut w = Worker { verify: self.shared.cfg.verify_compress, counters, scratch: &mut scratch };
+            self.sw.with(|ctx| {
+                for ((s, d), o) in src.iter().zip(dst.iter_mut()).zip(out.iter_mut()) {
+                    counters.caller_calls.fetch_add(1, Ordering::Relaxed);
+                    *o = ctx.compress(s, d).and_then(|n| {
+                        if w.verify {
+                            w.check(ctx, s, &d[..n]).map(|()| n)
+                        } else {
+                            Ok(n)
+                        }
+                    });
+                    if *o == Err(CompressError::Poor) {
+                        counters.poor_outputs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+            return Ok(());
+        }
         let batch = self.run_sync(Op::Compress, src, dst)?;
         for (item, o) in batch.items.into_iter().zip(out.iter_mut()) {
             *o = match item.result {
@@ -483,6 +594,16 @@ impl BatchCompressor for Engines {
         out: &mut [Result<usize, DecompressError>],
     ) -> Result<(), Error> {
         check_shape(src.len(), dst.len(), out.len(), self.shared.cfg.batch_size)?;
+        if self.shared.cfg.sync_on_caller {
+            let counters = &self.shared.counters[0];
+            self.sw.with(|ctx| {
+                for ((s, d), o) in src.iter().zip(dst.iter_mut()).zip(out.iter_mut()) {
+                    counters.caller_calls.fetch_add(1, Ordering::Relaxed);
+                    *o = ctx.decompress(s, d);
+                }
+            });
+            return Ok(());
+        }
         let batch = self.run_sync(Op::Decompress, src, dst)?;
         for (item, o) in batch.items.into_iter().zip(out.iter_mut()) {
             *o = match item.result {

@@ -13,6 +13,7 @@ pub(super) struct Counters {
     pub(super) poor_outputs: AtomicU64,
     pub(super) verify_failures: AtomicU64,
     pub(super) helped_calls: AtomicU64,
+    pub(super) caller_calls: AtomicU64,
 }
 
 /// A snapshot of one engine's counters.
@@ -26,6 +27,9 @@ pub struct EngineStats {
     pub verify_failures: u64,
     /// Items of this engine's queue that the waiting thread ran itself.
     pub helped_calls: u64,
+    /// Items of synchronous calls run on the calling thread
+    /// (`sync_on_caller`), all charged to engine 0.
+    pub caller_calls: u64,
 }
 
 impl EngineStats {
@@ -39,6 +43,7 @@ impl EngineStats {
             poor_outputs: a.poor_outputs + s.poor_outputs,
             verify_failures: a.verify_failures + s.verify_failures,
             helped_calls: a.helped_calls + s.helped_calls,
+            caller_calls: a.caller_calls + s.caller_calls,
         })
     }
 }
@@ -54,6 +59,7 @@ impl Counters {
             poor_outputs: r(&self.poor_outputs),
             verify_failures: r(&self.verify_failures),
             helped_calls: r(&self.helped_calls),
+            caller_calls: r(&self.caller_calls),
         }
     }
 }

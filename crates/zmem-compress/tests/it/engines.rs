@@ -279,3 +279,98 @@ fn a_pending_ticket_from_another_device_completes_with_that_devices_results() {
         }
     }
 }
+
+/// lz4 that stalls on an engine thread while `stall` is set: an engine
+/// descheduled in the middle of an item, as it is on a busy 2-core machine.
+struct StallsOnEngines {
+    inner: Box<dyn Compressor>,
+    stall: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Compressor for StallsOnEngines {
+    fn name(&self) -> &str {
+        "lz4"
+    }
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, CompressError> {
+        let on_engine = std::thread::current().name().is_some_and(|n| n.starts_with("zmem-engine"));
+        while on_engine && self.stall.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.inner.compress(src, dst)
+    }
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
+        self.inner.decompress(src, dst)
+    }
+}
+
+/// Before, the waiter ran past its completion timeout only the items no
+/// engine had started, and waited for the rest: a reclaim pass waited for
+/// milliseconds on an engine the scheduler had put aside (one of two
+/// `zmem usemem` workers then compressed every page it read back twice).
+/// Now it runs every unfinished item itself; the engine's late output is
+/// dropped, and the bytes are the codec's either way.
+#[test]
+fn a_stalled_engine_does_not_hold_a_batch_past_the_completion_timeout() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stall = Arc::new(AtomicBool::new(true));
+    let s2 = Arc::clone(&stall);
+    let factory: zmem_compress::batch::Factory =
+        Arc::new(move || Box::new(StallsOnEngines { inner: spec("lz4").build(), stall: Arc::clone(&s2) }));
+    let cfg = EnginesConfig {
+        engines: 1,
+        pin: false,
+        completion_timeout: Duration::from_millis(5),
+        idle_spin: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let e = Engines::new(cfg, factory).unwrap();
+    // The engine comes back after 3 s, as a descheduled thread would.
+    let s3 = Arc::clone(&stall);
+    let _release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        s3.store(false, Ordering::Release);
+    });
+    let pages: Vec<&[u8]> = corpus().pages().take(8).collect();
+    let t0 = std::time::Instant::now();
+    let t = e.submit(Batch::compress(pages.iter().copied())).unwrap();
+    // Let the (spinning) engine start an item and stall in it.
+    while total(&e).compress_calls == 0 {
+        std::thread::yield_now();
+    }
+    let b = e.wait(t);
+    let waited = t0.elapsed();
+    stall.store(false, Ordering::Release);
+    assert!(waited < Duration::from_secs(2), "the batch waited {waited:?} for a stalled engine");
+    let mut lz4 = spec("lz4").build();
+    for (item, page) in b.items.iter().zip(&pages) {
+        let mut want = vec![0u8; PAGE_SIZE];
+        let n = lz4.compress(page, &mut want).unwrap();
+        assert_eq!(item.output().unwrap().unwrap(), &want[..n]);
+        assert_eq!(item.src, *page, "the input comes back with the batch");
+    }
+    let s = total(&e);
+    assert!(s.completion_timeouts > 0 && s.sw_fallback_calls > 0, "{s:?}");
+}
+
+/// With `sync_on_caller`, the synchronous calls run on the calling thread
+/// (no engine runs an item, nothing waits for a wake-up) and give the
+/// codec's bytes; submitted batches still go to the engines.
+#[test]
+fn sync_calls_run_on_the_caller_and_submitted_batches_on_the_engines() {
+    let want = compress_all(&Sequential::from_spec(spec("lz4")));
+    let cfg = EnginesConfig { engines: 2, sync_on_caller: true, help_on_wait: false, ..Default::default() };
+    let e = Engines::new(cfg, spec("lz4").factory()).unwrap();
+    let got = compress_all(&e);
+    assert!(got == want, "the caller's path gave other bytes");
+    decompress_all(&e, &got);
+    let s = total(&e);
+    let n = corpus().len() as u64;
+    assert_eq!((s.compress_calls, s.decompress_calls), (0, 0), "{s:?}");
+    assert!(s.caller_calls >= n, "{s:?}");
+    let pages: Vec<&[u8]> = corpus().pages().take(8).collect();
+    let b = e.wait(e.submit(Batch::compress(pages.iter().copied())).unwrap());
+    for (item, w) in b.items.iter().zip(&want) {
+        assert_eq!(item.output().unwrap().ok(), w.as_deref().ok());
+    }
+    assert_eq!(total(&e).compress_calls, 8, "help_on_wait is off: the engines ran the submitted batch");
+}
