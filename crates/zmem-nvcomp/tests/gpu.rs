@@ -14,7 +14,7 @@ use std::sync::Arc;
 use zmem_compress::corpus::Corpus;
 use zmem_compress::{Batch, BatchCompressor, CodecSpec, CompressError, DecompressError, Op, Sequential, PAGE_SIZE};
 use zmem_nvcomp::{NvcompConfig, NvcompLz4, Placement};
-use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, Tier, TierConfig};
+use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, StoreRequest, Tier, TierConfig};
 
 fn device(decompress: Placement, streams: usize) -> NvcompLz4 {
     let cfg = NvcompConfig { decompress, streams, verify: true, ..NvcompConfig::default() };
@@ -234,21 +234,30 @@ fn four_threads_share_one_device_and_every_byte_comes_back() {
 #[ignore = "needs a CUDA GPU and libnvcomp.so.6"]
 fn the_tier_stores_folios_on_the_gpu_and_loads_every_page_on_the_cpu() {
     let corpus = Corpus::sample();
-    let gpu = Arc::new(device(Placement::Cpu, 2));
+    let gpu = Arc::new(device(Placement::Cpu, 4));
     let cfg = TierConfig { max_pool_bytes: Some(64 << 20), ..TierConfig::without_writeback() };
     let t = Tier::with_compressor(cfg, gpu.clone()).unwrap();
     assert_eq!(t.compressor(), "lz4@nvcomp");
     let pages: Vec<&[u8]> = corpus.pages().collect();
     // Without writeback a folio with a page that does not compress is
     // rejected whole, as zswap rejects it; its keys then load nothing.
+    // Passes of 8 folios of 16 pages, as the pager stores them: 4 GPU
+    // batches of 32 in flight at once.
     let mut stored = vec![false; pages.len()];
-    for (f, folio) in pages.chunks(16).enumerate() {
-        let bytes: Vec<u8> = folio.concat();
-        let out = t.store((f * 16) as u64, &bytes).unwrap();
-        match out {
-            StoreOutcome::Stored { .. } => stored[f * 16..f * 16 + folio.len()].fill(true),
-            StoreOutcome::Rejected(RejectReason::CompressPoor) => {}
-            other => panic!("folio {f}: {other:?}"),
+    let folios: Vec<(usize, Vec<u8>)> = pages.chunks(16).map(|f| (f.len(), f.concat())).collect();
+    for (pass, chunk) in folios.chunks(8).enumerate() {
+        let reqs: Vec<StoreRequest<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (_, bytes))| StoreRequest { key: ((pass * 8 + i) * 16) as u64, folio: bytes, reuse: false })
+            .collect();
+        for (i, out) in t.store_many(&reqs).into_iter().enumerate() {
+            let (f, n) = (pass * 8 + i, chunk[i].0);
+            match out.unwrap() {
+                StoreOutcome::Stored { .. } => stored[f * 16..f * 16 + n].fill(true),
+                StoreOutcome::Rejected(RejectReason::CompressPoor) => {}
+                other => panic!("folio {f}: {other:?}"),
+            }
         }
     }
     let n_stored = stored.iter().filter(|s| **s).count();

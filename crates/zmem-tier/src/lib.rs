@@ -73,7 +73,7 @@ pub use recompress::Recompressed;
 pub use sample::CodecSample;
 pub use shrinker::Shrinker;
 pub use stats::TierStats;
-pub use store::{RejectReason, StoreOutcome};
+pub use store::{RejectReason, StoreOutcome, StoreRequest};
 pub use zmem_compress::CodecSpec;
 
 use stats::{dec, Counters};
@@ -143,6 +143,8 @@ pub struct Tier {
     shrink_lock: Mutex<Vec<u8>>,
     /// The codec paths' buffers (not thread-locals: see `buffers`).
     buffers: buffers::Buffers,
+    /// Owned batches `store_many` reuses with a compressor that runs beside.
+    batches: Mutex<Vec<zmem_compress::batch::Batch>>,
     /// Where [`Tier::recompress`] moves entries, and with which codec.
     recompress_to: Mutex<Option<(CodecSpec, Weak<Pool>)>>,
     /// The shard the next [`Tier::recompress`] starts at.
@@ -211,6 +213,7 @@ impl Tier {
             recompress_cursor: AtomicUsize::new(0),
             sample_cursor: AtomicUsize::new(0),
             buffers: buffers::Buffers::default(),
+            batches: Mutex::new(Vec::new()),
             cfg,
         })
     }

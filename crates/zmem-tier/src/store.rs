@@ -2,7 +2,10 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use zmem_common::LockExt;
+use zmem_compress::batch::{Batch, ItemError, Op};
 use zmem_compress::CompressError;
 use zmem_zsmalloc::PAGE_SIZE;
 
@@ -29,6 +32,43 @@ pub enum StoreOutcome {
     Stored { same_filled: usize, incompressible: usize },
     /// Nothing is stored, and older entries for these keys are gone.
     Rejected(RejectReason),
+}
+
+/// One folio for [`Tier::store_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct StoreRequest<'a> {
+    /// The key of its first page; page `i` is `key + i`.
+    pub key: u64,
+    /// 1..=512 pages.
+    pub folio: &'a [u8],
+    /// As [`Tier::store_reusing`]: a page equal to its cached entry keeps it.
+    pub reuse: bool,
+}
+
+/// A folio's store between its checks and its commit.
+struct Prep {
+    stored: Vec<Option<Stored>>,
+    /// The pages to compress.
+    todo: Vec<usize>,
+    /// Pages whose cached entry was kept (they are stored already).
+    reused: Vec<bool>,
+    /// Set at the first page that failed: the folio is rejected.
+    failed: Option<RejectReason>,
+}
+
+impl Prep {
+    fn nreused(&self) -> usize {
+        self.reused.iter().filter(|&&r| r).count()
+    }
+}
+
+/// Pages submitted before the first of them is waited on
+/// ([`Tier::store_many`] with engines): a reclaim pass of 64 KiB folios.
+/// Within an engine queue's depth, so a submit never waits for room.
+const BESIDE_WINDOW: usize = 128;
+
+fn page_of(folio: &[u8], i: usize) -> &[u8] {
+    &folio[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
 }
 
 /// Entry ids: unique per store, handed to threads in blocks so that a store
@@ -110,7 +150,7 @@ impl Tier {
     /// [`TierError::BadFolio`] (nothing changes); [`TierError::Compress`] if
     /// the batch call itself is refused (a bug).
     pub fn store(&self, key: u64, folio: &[u8]) -> Result<StoreOutcome, TierError> {
-        self.store_folio(key, folio, false)
+        self.store_one(StoreRequest { key, folio, reuse: false })
     }
 
     /// [`store`](Self::store) for a folio that was loaded and kept its
@@ -124,48 +164,92 @@ impl Tier {
     /// # Errors
     /// As [`store`](Self::store).
     pub fn store_reusing(&self, key: u64, folio: &[u8]) -> Result<StoreOutcome, TierError> {
-        self.store_folio(key, folio, true)
+        self.store_one(StoreRequest { key, folio, reuse: true })
     }
 
-    fn store_folio(&self, key: u64, folio: &[u8], reuse: bool) -> Result<StoreOutcome, TierError> {
-        let n = folio.len() / PAGE_SIZE;
-        if folio.is_empty() || folio.len() % PAGE_SIZE != 0 || n > MAX_FOLIO_PAGES {
-            return Err(TierError::BadFolio { len: folio.len() });
+    fn store_one(&self, req: StoreRequest<'_>) -> Result<StoreOutcome, TierError> {
+        self.store_many(&[req]).pop().expect("one result per request")
+    }
+
+    /// Stores several folios, each as [`store`](Self::store) (or
+    /// [`store_reusing`](Self::store_reusing)) would, all or nothing per
+    /// folio; one result per request, in order.
+    ///
+    /// With a compressor that runs beside the caller (the engines, a
+    /// device: [`BatchCompressor::runs_beside`]), every folio is checked,
+    /// then the pages of all of them are submitted before the first batch
+    /// is waited on, so they compress at once on every engine while this
+    /// thread runs its own share (a reclaim pass that stored folio by folio
+    /// left the other core idle: `zmem usemem --workers 1`), then each is
+    /// committed. The pool's limit is checked for every folio before any is
+    /// committed, so the pool may pass its limit by one call's folios; and
+    /// a walk then loses most of its kept entries (ARCHITECTURE.md, "Store,
+    /// load, invalidate": a known issue). Otherwise each folio goes through
+    /// its checks, the synchronous call and its commit before the next.
+    pub fn store_many(&self, reqs: &[StoreRequest<'_>]) -> Vec<Result<StoreOutcome, TierError>> {
+        let pool = self.current();
+        if !pool.compressor.runs_beside() {
+            // Folio by folio: each one's checks see the pool as the folios
+            // before it left it.
+            return reqs
+                .iter()
+                .map(|r| {
+                    let mut p = self.prepare(r)?;
+                    if p.failed.is_none() {
+                        p.failed = self.compress_into_pool(&pool, r.folio, &mut p).err();
+                    }
+                    Ok(self.commit(&pool, r.key, p))
+                })
+                .collect();
         }
-        let mut stored: Vec<Option<Stored>> = vec![None; n];
-        let pages: Vec<&[u8]> = folio.chunks_exact(PAGE_SIZE).collect();
-        let mut todo = Vec::with_capacity(n);
-        // Pages whose cached entry was kept (they are stored already).
-        let mut reused = vec![false; n];
-        for (i, p) in pages.iter().enumerate() {
-            match same_filled(p) {
-                Some(v) => stored[i] = Some(Stored::SameFilled(v)),
-                None if reuse && self.reuse_cached(key.wrapping_add(i as u64), p) => reused[i] = true,
-                None => todo.push(i),
+        let mut preps: Vec<Result<Prep, TierError>> = reqs.iter().map(|r| self.prepare(r)).collect();
+        self.compress_beside(&pool, reqs, &mut preps);
+        reqs.iter().zip(preps).map(|(r, p)| p.map(|p| self.commit(&pool, r.key, p))).collect()
+    }
+
+    /// The checks before compression: the folio's shape, its same-filled
+    /// pages, the pages whose cached entry it keeps, and the pool's limit.
+    fn prepare(&self, r: &StoreRequest<'_>) -> Result<Prep, TierError> {
+        let n = r.folio.len() / PAGE_SIZE;
+        if r.folio.is_empty() || r.folio.len() % PAGE_SIZE != 0 || n > MAX_FOLIO_PAGES {
+            return Err(TierError::BadFolio { len: r.folio.len() });
+        }
+        let mut p = Prep { stored: vec![None; n], todo: Vec::with_capacity(n), reused: vec![false; n], failed: None };
+        for (i, page) in r.folio.chunks_exact(PAGE_SIZE).enumerate() {
+            match same_filled(page) {
+                Some(v) => p.stored[i] = Some(Stored::SameFilled(v)),
+                None if r.reuse && self.reuse_cached(r.key.wrapping_add(i as u64), page) => p.reused[i] = true,
+                None => p.todo.push(i),
             }
         }
-        let nreused = reused.iter().filter(|&&r| r).count();
-        if nreused < n && !self.may_store() {
-            return Ok(self.reject(key, n, RejectReason::PoolLimit));
+        if p.nreused() < n && !self.may_store() {
+            p.failed = Some(RejectReason::PoolLimit);
         }
-        let pool = self.current();
-        if let Err(reason) = self.compress_into_pool(&pool, &pages, &todo, &mut stored) {
-            for s in stored.iter().flatten() {
+        Ok(p)
+    }
+
+    /// Puts a prepared folio's entries in the tree, or rejects it (its pool
+    /// objects freed) if any page failed.
+    fn commit(&self, pool: &Arc<Pool>, key: u64, p: Prep) -> StoreOutcome {
+        let n = p.stored.len();
+        let nreused = p.nreused();
+        if let Some(reason) = p.failed {
+            for s in p.stored.iter().flatten() {
                 if let Stored::Pool { handle, .. } = s {
                     let r = pool.zs.free(*handle);
                     debug_assert!(r.is_ok(), "{r:?}");
                 }
             }
-            return Ok(self.reject(key, n, reason));
+            return self.reject(key, n, reason);
         }
         let first_id = next_ids(n);
-        let mut lru_items = Vec::with_capacity(todo.len());
+        let mut lru_items = Vec::with_capacity(p.todo.len());
         let (mut same, mut raw) = (0, 0);
         // A folio's keys share a shard: one lock for all of them.
         let mut cursor = Cursor::new(&self.tree);
         let mut dropped = Vec::new();
-        for (i, s) in stored.into_iter().enumerate() {
-            if reused[i] {
+        for (i, s) in p.stored.into_iter().enumerate() {
+            if p.reused[i] {
                 continue;
             }
             let s = s.expect("every page was stored");
@@ -197,7 +281,7 @@ impl Tier {
                 }
                 Stored::Swap { .. } => unreachable!("stores never go straight to swap"),
             }
-            let old = shard.insert(k, e, &pool);
+            let old = shard.insert(k, e, pool);
             dropped.extend(old.and_then(|o| self.release(shard, o)));
         }
         cursor.unlock();
@@ -207,50 +291,117 @@ impl Tier {
         let c = &self.counters;
         inc(&c.zswpout, (n - nreused) as u64);
         inc(&c.cached_reused, nreused as u64);
-        Ok(StoreOutcome::Stored { same_filled: same, incompressible: raw })
+        StoreOutcome::Stored { same_filled: same, incompressible: raw }
     }
 
-    /// Compresses the pages `todo` in batches and puts each in the pool.
-    fn compress_into_pool(
-        &self,
-        pool: &Pool,
-        pages: &[&[u8]],
-        todo: &[usize],
-        stored: &mut [Option<Stored>],
-    ) -> Result<(), RejectReason> {
+    /// Compresses a folio's pages to do in batches, on this thread, and
+    /// puts each in the pool.
+    fn compress_into_pool(&self, pool: &Pool, folio: &[u8], p: &mut Prep) -> Result<(), RejectReason> {
         let bs = pool.compressor.batch_size().max(1);
         let mut scratch = self.buffers.take(bs * PAGE_SIZE);
         let mut results = vec![Ok(0); bs];
-        for chunk in todo.chunks(bs) {
-            let srcs: Vec<&[u8]> = chunk.iter().map(|&i| pages[i]).collect();
+        for chunk in p.todo.chunks(bs) {
+            let srcs: Vec<&[u8]> = chunk.iter().map(|&i| page_of(folio, i)).collect();
             let mut dsts: Vec<&mut [u8]> = scratch.chunks_exact_mut(PAGE_SIZE).take(chunk.len()).collect();
             let res = &mut results[..chunk.len()];
             if pool.compressor.compress_batch(&srcs, &mut dsts, res).is_err() {
-                inc(&self.counters.reject_compress_fail, 1);
-                return Err(RejectReason::CompressFail);
+                return Err(self.fail(RejectReason::CompressFail));
             }
             for (j, &i) in chunk.iter().enumerate() {
-                let (obj, raw): (&[u8], bool) = match &res[j] {
-                    Ok(len) => (&dsts[j][..*len], false),
-                    Err(CompressError::Poor) if self.writeback_enabled() => (pages[i], true),
-                    Err(CompressError::Poor) => {
-                        inc(&self.counters.reject_compress_poor, 1);
-                        return Err(RejectReason::CompressPoor);
-                    }
-                    Err(_) => {
-                        inc(&self.counters.reject_compress_fail, 1);
-                        return Err(RejectReason::CompressFail);
-                    }
-                };
-                let Ok(handle) = pool.zs.malloc_copy(obj) else {
-                    inc(&self.counters.reject_alloc_fail, 1);
-                    return Err(RejectReason::AllocFail);
-                };
-                let len = if raw { PAGE_SIZE } else { obj.len() } as u32;
-                stored[i] = Some(Stored::Pool { handle, len });
+                let out = res[j].as_ref().map(|&n| &dsts[j][..n]);
+                p.stored[i] = Some(self.place(pool, srcs[j], out)?);
             }
         }
         Ok(())
+    }
+
+    /// [`compress_into_pool`](Self::compress_into_pool) for the pages of
+    /// every folio at once, through submit and wait: a window of pages is
+    /// submitted, then waited on (the waiter runs its own share and helps),
+    /// so that the compressor's queues never fill. A folio stops at its
+    /// first failed page; the others go on.
+    fn compress_beside(&self, pool: &Pool, reqs: &[StoreRequest<'_>], preps: &mut [Result<Prep, TierError>]) {
+        let bs = pool.compressor.batch_size().max(1);
+        let work: Vec<(usize, usize)> = preps
+            .iter()
+            .enumerate()
+            .filter_map(|(r, p)| p.as_ref().ok().filter(|p| p.failed.is_none()).map(|p| (r, p)))
+            .flat_map(|(r, p)| p.todo.iter().map(move |&i| (r, i)))
+            .collect();
+        let page = |(r, i): (usize, usize)| page_of(reqs[r].folio, i);
+        let mut spare = std::mem::take(&mut *self.batches.lock_ok());
+        for window in work.chunks(BESIDE_WINDOW.max(bs)) {
+            let mut tickets = Vec::with_capacity(window.len().div_ceil(bs));
+            for chunk in window.chunks(bs) {
+                let mut batch = spare.pop().unwrap_or_else(|| Batch::new(Op::Compress));
+                batch.refill(Op::Compress, chunk.iter().map(|&w| page(w)), |src| src.len());
+                tickets.push((chunk, pool.compressor.submit(batch)));
+            }
+            for (chunk, ticket) in tickets {
+                let batch = match ticket {
+                    Ok(t) => pool.compressor.wait(t),
+                    Err(_) => {
+                        for &(r, _) in chunk {
+                            if let Ok(p) = &mut preps[r] {
+                                if p.failed.is_none() {
+                                    p.failed = Some(self.fail(RejectReason::CompressFail));
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                };
+                for (item, &(r, i)) in batch.items.iter().zip(chunk) {
+                    let Ok(p) = &mut preps[r] else { unreachable!("only prepared folios have work") };
+                    if p.failed.is_some() {
+                        continue;
+                    }
+                    let placed = match item.output() {
+                        Some(Ok(obj)) => self.place(pool, page((r, i)), Ok(obj)),
+                        Some(Err(ItemError::Compress(e))) => self.place(pool, page((r, i)), Err(e)),
+                        // Another error (none from our own compress batch).
+                        _ => Err(self.fail(RejectReason::CompressFail)),
+                    };
+                    match placed {
+                        Ok(s) => p.stored[i] = Some(s),
+                        Err(reason) => p.failed = Some(reason),
+                    }
+                }
+                spare.push(batch);
+            }
+        }
+        // One window's worth (~1 MiB: each item owns a page in and out).
+        spare.truncate(BESIDE_WINDOW.max(bs).div_ceil(bs));
+        *self.batches.lock_ok() = spare;
+    }
+
+    /// One compressed page (or, if it did not compress and writeback may
+    /// take it, the page itself) into the pool.
+    fn place(&self, pool: &Pool, page: &[u8], out: Result<&[u8], &CompressError>) -> Result<Stored, RejectReason> {
+        let (obj, raw): (&[u8], bool) = match out {
+            Ok(obj) => (obj, false),
+            Err(CompressError::Poor) if self.writeback_enabled() => (page, true),
+            Err(CompressError::Poor) => return Err(self.fail(RejectReason::CompressPoor)),
+            Err(_) => return Err(self.fail(RejectReason::CompressFail)),
+        };
+        let Ok(handle) = pool.zs.malloc_copy(obj) else {
+            return Err(self.fail(RejectReason::AllocFail));
+        };
+        let len = if raw { PAGE_SIZE } else { obj.len() } as u32;
+        Ok(Stored::Pool { handle, len })
+    }
+
+    /// Counts a folio's rejection for `reason` (the pool's limit is counted
+    /// where it is checked).
+    fn fail(&self, reason: RejectReason) -> RejectReason {
+        let c = &self.counters;
+        match reason {
+            RejectReason::CompressPoor => inc(&c.reject_compress_poor, 1),
+            RejectReason::CompressFail => inc(&c.reject_compress_fail, 1),
+            RejectReason::AllocFail => inc(&c.reject_alloc_fail, 1),
+            RejectReason::PoolLimit => {}
+        }
+        reason
     }
 
     /// Whether `key` holds a cached entry whose page equals `page`; if so

@@ -970,3 +970,54 @@ fn stores_and_loads_that_never_fill_the_pool_keep_the_lru_small() {
     // of capacity).
     assert!(most <= 64 << 10, "the LRU held up to {most} bytes of items for 8 blocks");
 }
+
+/// `store_many` through the engines (each reclaim pass's pages submitted at
+/// once) stores every folio as `store` does folio by folio: the same
+/// outcomes, the same counters, every page loads bit for bit, and a bad
+/// folio among them is an error of its own.
+#[test]
+fn store_many_through_engines_stores_each_folio_as_store_does() {
+    use zmem_compress::EnginesConfig;
+    use zmem_tier::StoreRequest;
+    let engines = EnginesConfig {
+        engines: 2,
+        sync_on_caller: true,
+        completion_timeout: std::time::Duration::from_micros(200),
+        ..EnginesConfig::default()
+    };
+    let batched = Tier::new(TierConfig { engines: Some(engines), ..cfg(64 << 20, true) }).unwrap();
+    let single = Tier::new(cfg(64 << 20, true)).unwrap();
+    // 24 folios of 1 to 16 pages of every kind, one of them not whole pages.
+    let folios: Vec<(u64, Vec<u8>)> = (0..24u64)
+        .map(|f| {
+            let n = 1 + (f * 7 % 16);
+            let mut data: Vec<u8> = (0..n).flat_map(|p| page((f + p) as u8, f * 100 + p)).collect();
+            if f == 9 {
+                data.truncate(data.len() - 1);
+            }
+            (f << 8, data)
+        })
+        .collect();
+    let reqs: Vec<StoreRequest<'_>> =
+        folios.iter().map(|(key, data)| StoreRequest { key: *key, folio: data, reuse: false }).collect();
+    let got = batched.store_many(&reqs);
+    for ((key, data), got) in folios.iter().zip(&got) {
+        let want = single.store(*key, data);
+        match (got, want) {
+            (Ok(g), Ok(w)) => assert_eq!(*g, w, "folio at {key}"),
+            (Err(TierError::BadFolio { len: g }), Err(TierError::BadFolio { len: w })) => assert_eq!(*g, w),
+            (g, w) => panic!("folio at {key}: {g:?} against {w:?}"),
+        }
+    }
+    let (b, s) = (batched.stats(), single.stats());
+    assert_eq!(
+        (b.stored_pages, b.zswpout, b.same_filled_pages, b.stored_incompressible_pages),
+        (s.stored_pages, s.zswpout, s.same_filled_pages, s.stored_incompressible_pages)
+    );
+    assert_eq!(b.pool_total_size, s.pool_total_size, "the same objects, byte for byte");
+    for (key, data) in folios.iter().filter(|(_, d)| d.len() % PAGE_SIZE == 0) {
+        for (p, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
+            assert!(load(&batched, key + p as u64).unwrap() == want, "page {p} of the folio at {key}");
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zmem_common::{unpoison, LockExt, RwLockExt};
 
-use zmem_tier::StoreOutcome;
+use zmem_tier::{StoreOutcome, StoreRequest};
 
 use super::balance::Balance;
 use super::lru::{SHARED_RESCAN, UNEVICTABLE_RESCAN};
@@ -302,11 +302,13 @@ impl Inner {
             }
         }
         let n = moved.len();
+        // Every run of every folio goes to the tier in one call, so that a
+        // compressor with engines spreads the pass over every core.
+        let mut reqs = Vec::with_capacity(n);
+        let mut spans = Vec::with_capacity(n);
         for MovedOut { st, f, slot, present, swapped } in &moved {
-            let slot = *slot;
             // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
-            let run_data = |p: usize, n: usize| staging.run(slot, p, n);
             // Pages that did not move lose any entry a load kept (a page
             // gone without an event, as MADV_FREE lets the kernel do, must
             // not come back as its old bytes). In a folio loaded with its
@@ -320,19 +322,18 @@ impl Inner {
                     self.tier.invalidate(st.key(p));
                 }
             }
-            let mut ok = true;
+            let first = reqs.len();
             for &(p, n) in &runs {
-                let key = st.key(f * ppf + p);
-                let r = if reuse {
-                    self.tier.store_reusing(key, run_data(p, n))
-                } else {
-                    self.tier.store(key, run_data(p, n))
-                };
-                match r {
-                    Ok(StoreOutcome::Stored { .. }) => {}
-                    _ => ok = false,
-                }
+                reqs.push(StoreRequest { key: st.key(f * ppf + p), folio: staging.run(*slot, p, n), reuse });
             }
+            spans.push((runs, first..reqs.len()));
+        }
+        let outcomes = self.tier.store_many(&reqs);
+        drop(reqs);
+        for (MovedOut { st, f, slot, present, .. }, (runs, span)) in moved.iter().zip(spans) {
+            let slot = *slot;
+            let run_data = |p: usize, n: usize| staging.run(slot, p, n);
+            let ok = outcomes[span].iter().all(|r| matches!(r, Ok(StoreOutcome::Stored { .. })));
             // A rejected folio's pages are copied out before the lock.
             let kept = (!ok).then(|| {
                 let mut data = vec![0u8; fs].into_boxed_slice();
