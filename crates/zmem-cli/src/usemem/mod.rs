@@ -5,8 +5,11 @@
 //! invocation runs several configurations side by side:
 //!
 //! - `zmem:CODEC[@BATCH]`: each worker maps its memory from a zmem pager
-//!   with limit L/N (a pager is per process), compressor CODEC and tier
-//!   batch size BATCH (default 1, sequential);
+//!   with limit L/N (a pager is per process) and compressor CODEC; with
+//!   `@BATCH` (2..=32) through the multi-engine device, one engine per core,
+//!   in batches of BATCH (the batched path: a reclaim pass's pages are
+//!   submitted at once and compress on every core); without, on the
+//!   reclaim thread, one page at a time;
 //! - `kernel[:lzo|lzo-rle|deflate]`: plain memory, in a cgroup v1 memory
 //!   cgroup limited to L, with a swap file and the kernel's zswap on (root);
 //! - `swap`: the same with zswap off;

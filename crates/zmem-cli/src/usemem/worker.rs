@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use zmem_compress::corpus::Corpus;
-use zmem_compress::PAGE_SIZE;
+use zmem_compress::{EnginesConfig, PAGE_SIZE};
 use zmem_settings::parse_size;
 use zmem_tier::TierConfig;
 use zmem_uffd::{Mapping, Pager, PagerConfig};
@@ -87,6 +87,26 @@ fn cpu_secs() -> (f64, f64) {
     (tick(11), tick(12))
 }
 
+/// The batched configs' compressor: the multi-engine device, one engine
+/// per core. A reclaim pass's pages are submitted at once (the tier sends
+/// at most 128 before it waits; the queues hold that four times over, so a
+/// submit never waits for room), and the reclaim thread compresses its own
+/// core's share. A fault's load decompresses on its handler: a cross-core
+/// wake-up costs more than its batch (`sync_on_caller`). Idle engines
+/// sleep at once: spinning took CPU from the worker for nothing.
+fn engines(batch: usize) -> EnginesConfig {
+    EnginesConfig {
+        batch_size: batch,
+        wq_depth: 512,
+        idle_spin: std::time::Duration::ZERO,
+        // An engine item takes ~5 µs; one unfinished after this was
+        // descheduled, and the reclaim thread runs it itself.
+        completion_timeout: std::time::Duration::from_micros(200),
+        sync_on_caller: true,
+        ..EnginesConfig::default()
+    }
+}
+
 pub fn worker(args: &WorkerArgs) -> Result<()> {
     let c = Corpus::sample();
     let pages = args.size.div_ceil(PAGE_SIZE);
@@ -97,6 +117,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         cfg.tier = TierConfig {
             compressor: args.compressor.parse()?,
             batch_size: args.batch,
+            engines: (args.batch > 1).then(|| engines(args.batch)),
             memory_budget: limit,
             max_pool_percent: 50,
             ..TierConfig::default()
