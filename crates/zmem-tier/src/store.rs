@@ -60,6 +60,14 @@ impl Prep {
     fn nreused(&self) -> usize {
         self.reused.iter().filter(|&&r| r).count()
     }
+
+    /// The pool's limit (zswap_check_limits), for a folio with pages to
+    /// store that has not failed yet.
+    fn check_limit(&mut self, tier: &Tier) {
+        if self.failed.is_none() && self.nreused() < self.stored.len() && !tier.may_store() {
+            self.failed = Some(RejectReason::PoolLimit);
+        }
+    }
 }
 
 /// Pages submitted before the first of them is waited on
@@ -176,16 +184,14 @@ impl Tier {
     /// folio; one result per request, in order.
     ///
     /// With a compressor that runs beside the caller (the engines, a
-    /// device: [`BatchCompressor::runs_beside`]), every folio is checked,
+    /// device: [`BatchCompressor::runs_beside`]), every folio is classified,
     /// then the pages of all of them are submitted before the first batch
     /// is waited on, so they compress at once on every engine while this
     /// thread runs its own share (a reclaim pass that stored folio by folio
     /// left the other core idle: `zmem usemem --workers 1`), then each is
-    /// committed. The pool's limit is checked for every folio before any is
-    /// committed, so the pool may pass its limit by one call's folios; and
-    /// a walk then loses most of its kept entries (ARCHITECTURE.md, "Store,
-    /// load, invalidate": a known issue). Otherwise each folio goes through
-    /// its checks, the synchronous call and its commit before the next.
+    /// checked against the pool's limit and committed in turn. Otherwise
+    /// each folio goes through its checks, the synchronous call and its
+    /// commit before the next.
     pub fn store_many(&self, reqs: &[StoreRequest<'_>]) -> Vec<Result<StoreOutcome, TierError>> {
         let pool = self.current();
         if !pool.compressor.runs_beside() {
@@ -195,6 +201,7 @@ impl Tier {
                 .iter()
                 .map(|r| {
                     let mut p = self.prepare(r)?;
+                    p.check_limit(self);
                     if p.failed.is_none() {
                         p.failed = self.compress_into_pool(&pool, r.folio, &mut p).err();
                     }
@@ -204,11 +211,26 @@ impl Tier {
         }
         let mut preps: Vec<Result<Prep, TierError>> = reqs.iter().map(|r| self.prepare(r)).collect();
         self.compress_beside(&pool, reqs, &mut preps);
-        reqs.iter().zip(preps).map(|(r, p)| p.map(|p| self.commit(&pool, r.key, p))).collect()
+        // The pool's limit is checked as each folio is committed, with the
+        // objects of the pass counted: checked before any commit, every
+        // check passed and the pass took the pool past its limit, and the
+        // reclaim thread's `shrink_to_limit` then dropped the clean copies
+        // a walk had kept (the walk test compressed ~18k of ~19k pages).
+        // Here the shrinker that a full pool runs gives kept entries their
+        // second chance.
+        reqs.iter()
+            .zip(preps)
+            .map(|(r, p)| {
+                p.map(|mut p| {
+                    p.check_limit(self);
+                    self.commit(&pool, r.key, p)
+                })
+            })
+            .collect()
     }
 
     /// The checks before compression: the folio's shape, its same-filled
-    /// pages, the pages whose cached entry it keeps, and the pool's limit.
+    /// pages and the pages whose cached entry it keeps.
     fn prepare(&self, r: &StoreRequest<'_>) -> Result<Prep, TierError> {
         let n = r.folio.len() / PAGE_SIZE;
         if r.folio.is_empty() || r.folio.len() % PAGE_SIZE != 0 || n > MAX_FOLIO_PAGES {
@@ -221,9 +243,6 @@ impl Tier {
                 None if r.reuse && self.reuse_cached(r.key.wrapping_add(i as u64), page) => p.reused[i] = true,
                 None => p.todo.push(i),
             }
-        }
-        if p.nreused() < n && !self.may_store() {
-            p.failed = Some(RejectReason::PoolLimit);
         }
         Ok(p)
     }
