@@ -73,6 +73,14 @@ pub struct EnginesConfig {
     /// fault's load): `zmem usemem --workers 1` read back at 1,017–1,054
     /// MB/s this way, against 602–785 MB/s with loads on the engines.
     pub sync_on_caller: bool,
+    /// When engines ran fewer than this percent of the recent items (the
+    /// submitters' own runs did the rest: the other cores are busy), the
+    /// device tells callers it does not run beside them
+    /// ([`runs_beside`](crate::BatchCompressor::runs_beside)), so that
+    /// they compress on their own thread without copying into owned
+    /// batches; one call in 32 still offers the engines work, to notice
+    /// when cores free up. 0: always beside.
+    pub min_offload_percent: u32,
 }
 
 impl Default for EnginesConfig {
@@ -89,6 +97,7 @@ impl Default for EnginesConfig {
             help_on_wait: true,
             idle_spin: Duration::from_micros(50),
             sync_on_caller: false,
+            min_offload_percent: 0,
         }
     }
 }

@@ -36,7 +36,7 @@
 //! writes into a buffer of its own and swaps it in when it publishes, under
 //! the item's (uncontended) mutex, held for the swap only.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -221,6 +221,42 @@ const KEEP_OUTS: usize = 8;
 struct Shared {
     counters: Vec<Counters>,
     cfg: EnginesConfig,
+    offload: Offload,
+}
+
+/// Who ran the recent items: for `min_offload_percent`.
+#[derive(Debug, Default)]
+struct Offload {
+    /// Items an engine published, of…
+    by_engines: AtomicU64,
+    /// …the items submitted (both halved now and then: a recent window).
+    submitted: AtomicU64,
+    /// Calls of `runs_beside`.
+    asks: AtomicU64,
+}
+
+/// `Offload`'s window: halved past this many items.
+const OFFLOAD_WINDOW: u64 = 1024;
+/// One `runs_beside` in this many says yes whatever the share.
+const OFFLOAD_PROBE: u64 = 32;
+
+impl Offload {
+    fn submitted(&self, n: usize) {
+        let all = self.submitted.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if all > OFFLOAD_WINDOW {
+            // Racy halving is fine: the share is a hint.
+            self.submitted.store(all / 2, Ordering::Relaxed);
+            self.by_engines.store(self.by_engines.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+        }
+    }
+
+    fn beside(&self, min_percent: u32) -> bool {
+        if min_percent == 0 || self.asks.fetch_add(1, Ordering::Relaxed) % OFFLOAD_PROBE == 0 {
+            return true;
+        }
+        let all = self.submitted.load(Ordering::Relaxed);
+        all < OFFLOAD_WINDOW / 4 || self.by_engines.load(Ordering::Relaxed) * 100 >= all * u64::from(min_percent)
+    }
 }
 
 /// N worker engines behind the [`BatchCompressor`] API.
@@ -261,7 +297,11 @@ impl Engines {
             return Err(ConfigError::out_of_range("batch_size", cfg.batch_size, "1..=32").into());
         }
         let ncpus = thread::available_parallelism().map_or(1, |n| n.get());
-        let shared = Arc::new(Shared { counters: (0..cfg.engines).map(|_| Counters::default()).collect(), cfg });
+        let shared = Arc::new(Shared {
+            counters: (0..cfg.engines).map(|_| Counters::default()).collect(),
+            cfg,
+            offload: Offload::default(),
+        });
         let paused = Arc::new(AtomicBool::new(false));
         let mut queues = Vec::new();
         let mut threads = Vec::new();
@@ -342,6 +382,7 @@ impl Engines {
             WqMode::Global => 0,
         };
         let engine_of: Vec<usize> = (0..n).map(|i| self.pick(i, local)).collect();
+        self.shared.offload.submitted(n);
         if self.shared.cfg.wq_mode == WqMode::Global {
             self.rr.fetch_add(n, Ordering::Relaxed);
         }
@@ -496,7 +537,9 @@ fn engine_main(
             continue;
         }
         let mut w = Worker { verify: shared.cfg.verify_compress, counters, scratch: &mut scratch };
-        inf.run(i, ctx.as_mut(), &mut w, &mut out);
+        if inf.run(i, ctx.as_mut(), &mut w, &mut out) {
+            shared.offload.by_engines.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -541,8 +584,10 @@ impl BatchCompressor for Engines {
         self.shared.cfg.batch_size
     }
 
+    /// Yes, unless engines ran fewer than `min_offload_percent` of the
+    /// recent items (see [`EnginesConfig::min_offload_percent`]).
     fn runs_beside(&self) -> bool {
-        true
+        self.shared.offload.beside(self.shared.cfg.min_offload_percent)
     }
 
     fn compress_batch(

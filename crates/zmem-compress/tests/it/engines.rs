@@ -374,3 +374,31 @@ fn sync_calls_run_on_the_caller_and_submitted_batches_on_the_engines() {
     }
     assert_eq!(total(&e).compress_calls, 8, "help_on_wait is off: the engines ran the submitted batch");
 }
+
+/// `min_offload_percent`: while the engines run too few of the items (here
+/// none: they are paused and the waiter runs everything), `runs_beside`
+/// says no but for one probe in 32; once they run them again it says yes.
+#[test]
+fn runs_beside_follows_the_share_the_engines_ran() {
+    let cfg = EnginesConfig { engines: 1, pin: false, min_offload_percent: 50, ..Default::default() };
+    let e = Engines::new(cfg, spec("lz4").factory()).unwrap();
+    assert!(e.runs_beside(), "no items yet: yes");
+    let pages: Vec<&[u8]> = corpus().pages().take(8).collect();
+    e.set_paused(true);
+    for _ in 0..200 {
+        e.wait(e.submit(Batch::compress(pages.iter().copied())).unwrap());
+    }
+    let yes = (0..64).filter(|_| e.runs_beside()).count();
+    assert_eq!(yes, 2, "only the probes say yes while the waiter runs everything");
+    e.set_paused(false);
+    for _ in 0..300 {
+        let t = e.submit(Batch::compress(pages.iter().copied())).unwrap();
+        // Not pinned: nothing is kept for this thread, and polling runs
+        // nothing, so the engine runs every item.
+        while !e.poll(&t) {
+            std::thread::yield_now();
+        }
+        e.wait(t);
+    }
+    assert!((0..64).all(|_| e.runs_beside()), "{:?}", total(&e));
+}
