@@ -51,6 +51,7 @@ use zmem_common::ConfigError;
 
 mod config;
 mod stats;
+mod sync;
 
 pub use config::{EnginesConfig, WqMode};
 use stats::Counters;
@@ -60,19 +61,19 @@ pub use stats::EngineStats;
 #[derive(Debug)]
 pub(crate) struct Inflight {
     op: Op,
-    items: Vec<Mutex<Slot>>,
+    items: Vec<sync::Mutex<Slot>>,
     /// Each item's room for output: its `dst` length at submit.
     rooms: Vec<usize>,
     /// Set by whoever starts the item first.
-    claimed: Vec<AtomicBool>,
+    claimed: Vec<sync::AtomicBool>,
     /// Set by whoever publishes the item's result: exactly one run does.
-    finished: Vec<AtomicBool>,
+    finished: Vec<sync::AtomicBool>,
     /// The engine each item was mapped to (for counters).
     engine_of: Vec<usize>,
     /// Items kept for the submitting core: never queued, run by `poll` or
     /// `wait`.
     inline: Vec<bool>,
-    remaining: AtomicUsize,
+    remaining: sync::AtomicUsize,
     waiter: Mutex<Option<Thread>>,
 }
 
@@ -97,7 +98,7 @@ impl Inflight {
         if self.finished[i].load(Ordering::Acquire) {
             return false;
         }
-        let src = Arc::clone(&self.items[i].lock_ok().src);
+        let src = Arc::clone(&sync::lock(&self.items[i]).src);
         if out.len() != self.rooms[i] {
             out.resize(self.rooms[i], 0);
         }
@@ -107,7 +108,7 @@ impl Inflight {
             return false;
         }
         {
-            let mut slot = self.items[i].lock_ok();
+            let mut slot = sync::lock(&self.items[i]);
             std::mem::swap(&mut slot.dst, out);
             slot.result = Some(r);
         }
@@ -133,7 +134,7 @@ impl Inflight {
     pub(crate) fn abandon(self: Arc<Self>) -> Batch {
         for i in 0..self.items.len() {
             if self.claim(i) && !self.finished[i].swap(true, Ordering::AcqRel) {
-                self.items[i].lock_ok().result = Some(Err(ItemError::ForeignTicket));
+                sync::lock(&self.items[i]).result = Some(Err(ItemError::ForeignTicket));
                 self.complete_one();
             }
         }
@@ -153,7 +154,7 @@ impl Inflight {
             .items
             .iter()
             .map(|m| {
-                let slot = std::mem::take(&mut *m.lock_ok());
+                let slot = std::mem::take(&mut *sync::lock(m));
                 let src = Arc::try_unwrap(slot.src).unwrap_or_else(|shared| (*shared).clone());
                 BatchItem { src, dst: slot.dst, result: slot.result }
             })
@@ -396,16 +397,16 @@ impl Engines {
         let inf = Arc::new(Inflight {
             op: batch.op,
             inline,
-            claimed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            claimed: (0..n).map(|_| sync::AtomicBool::new(false)).collect(),
+            finished: (0..n).map(|_| sync::AtomicBool::new(false)).collect(),
             rooms: batch.items.iter().map(|it| it.dst.len()).collect(),
             items: batch
                 .items
                 .into_iter()
-                .map(|it| Mutex::new(Slot { src: Arc::new(it.src), dst: it.dst, result: None }))
+                .map(|it| sync::Mutex::new(Slot { src: Arc::new(it.src), dst: it.dst, result: None }))
                 .collect(),
             engine_of,
-            remaining: AtomicUsize::new(n),
+            remaining: sync::AtomicUsize::new(n),
             waiter: Mutex::new(None),
         });
         for i in 0..n {
@@ -689,5 +690,104 @@ impl BatchCompressor for Engines {
             TicketInner::Inflight(inf) => self.wait_inner(inf),
             inner => Ticket { inner }.finish_foreign(),
         }
+    }
+}
+
+/// Loom models of the publish-once protocol, on `Inflight`'s own code: an
+/// engine and a waiter past its completion timeout run the same item, or a
+/// foreign waiter abandons a batch an engine is running. Whatever the
+/// interleaving, exactly one run publishes, the batch completes once, and
+/// what comes back is the codec's output (or `ForeignTicket` for an item
+/// no engine started). Run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p zmem-compress --release --lib loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use crate::codec::CodecSpec;
+
+    fn page() -> Vec<u8> {
+        (0..crate::PAGE_SIZE).map(|i| (i / 64) as u8).collect()
+    }
+
+    fn inflight() -> Arc<Inflight> {
+        Arc::new(Inflight {
+            op: Op::Compress,
+            items: vec![sync::Mutex::new(Slot { src: Arc::new(page()), dst: vec![0; crate::PAGE_SIZE], result: None })],
+            rooms: vec![crate::PAGE_SIZE],
+            claimed: vec![sync::AtomicBool::new(false)],
+            finished: vec![sync::AtomicBool::new(false)],
+            engine_of: vec![0],
+            inline: vec![false],
+            remaining: sync::AtomicUsize::new(1),
+            waiter: Mutex::new(None),
+        })
+    }
+
+    fn lz4() -> Box<dyn Compressor> {
+        "lz4".parse::<CodecSpec>().unwrap().build()
+    }
+
+    /// One run of item 0 as an engine or the waiter does it.
+    fn run(inf: &Inflight) -> bool {
+        let counters = Counters::default();
+        let mut scratch = Vec::new();
+        let mut w = Worker { verify: false, counters: &counters, scratch: &mut scratch };
+        let mut out = Vec::new();
+        inf.run(0, lz4().as_mut(), &mut w, &mut out)
+    }
+
+    fn want() -> Vec<u8> {
+        let mut d = vec![0u8; crate::PAGE_SIZE];
+        let n = lz4().compress(&page(), &mut d).unwrap();
+        d.truncate(n);
+        d
+    }
+
+    #[test]
+    fn an_engine_and_a_timed_out_waiter_publish_an_item_once() {
+        let want = want();
+        loom::model(move || {
+            let inf = inflight();
+            let engine = {
+                let inf = Arc::clone(&inf);
+                loom::thread::spawn(move || inf.claim(0) && run(&inf))
+            };
+            // The waiter, past its timeout: started or not, it runs it.
+            inf.claim(0);
+            let waiter = run(&inf);
+            let engine = engine.join().unwrap();
+            assert!(engine ^ waiter, "exactly one run publishes");
+            assert!(inf.done());
+            let b = inf.take_batch();
+            assert_eq!(b.items[0].output().unwrap().unwrap(), &want[..]);
+            assert_eq!(b.items[0].src, page(), "the input comes back");
+        });
+    }
+
+    #[test]
+    fn an_abandoned_batch_completes_with_the_engines_output_or_unrun() {
+        let want = want();
+        loom::model(move || {
+            let inf = inflight();
+            let engine = {
+                let inf = Arc::clone(&inf);
+                loom::thread::spawn(move || inf.claim(0) && run(&inf))
+            };
+            // `abandon` without its wait: the engine may still be running.
+            let unrun = inf.claim(0) && !inf.finished[0].swap(true, Ordering::AcqRel);
+            if unrun {
+                sync::lock(&inf.items[0]).result = Some(Err(ItemError::ForeignTicket));
+                inf.complete_one();
+            }
+            let ran = engine.join().unwrap();
+            assert!(ran ^ unrun, "the item is either run or left unrun, once");
+            assert!(inf.done());
+            let b = inf.take_batch();
+            match b.items[0].output().unwrap() {
+                Ok(got) => assert!(ran && got == &want[..]),
+                Err(ItemError::ForeignTicket) => assert!(unrun),
+                Err(e) => panic!("{e}"),
+            }
+        });
     }
 }
