@@ -54,8 +54,10 @@ pub struct Args {
     #[arg(long, value_parser = parse_size)]
     limit: Option<usize>,
     /// Configurations, comma-separated or repeated: zmem:CODEC[@BATCH],
-    /// kernel[:lzo|lzo-rle|deflate], swap, none. Kernel runs need root and
-    /// are skipped with a message without it.
+    /// kernel[:lzo|lzo-rle|deflate], swap, none. `@BATCH` compresses each
+    /// reclaim pass in batches of BATCH on the multi-engine device, one
+    /// engine per core; without it, on the reclaim thread. Kernel runs need
+    /// root and are skipped with a message without it.
     #[arg(long = "config", value_delimiter = ',', default_value = "zmem:lz4,zmem:lz4@8,kernel:lzo,none")]
     configs: Vec<String>,
     /// How long workers sleep between writing and reading back, ms.
