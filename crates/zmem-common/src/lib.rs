@@ -1,6 +1,7 @@
 //! What every zmem crate shares: the page size, the one table of defaults,
 //! and poison-tolerant locking.
-// No unsafe code but the signal mask of `thread` (a libc call).
+// No unsafe code but the signal mask of `thread` (a libc call) and the
+// reading and locking of a thread's TLS vector in `tls`.
 #![deny(unsafe_code)]
 
 use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -10,6 +11,8 @@ pub mod owned;
 pub mod stats_files;
 #[allow(unsafe_code)]
 pub mod thread;
+#[allow(unsafe_code)]
+pub mod tls;
 
 /// The size of one page of user memory (x86-64).
 pub const PAGE_SIZE: usize = 4096;

@@ -47,7 +47,17 @@ where
     // SAFETY: both sets are ours and initialised; pthread_sigmask changes
     // only this thread's mask and writes the old one into `old`.
     let blocked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) } == 0;
-    let r = builder.spawn(f);
+    // The thread's TLS vector stays resident (see `tls`): locked by the
+    // thread itself first thing, and by this thread too, in case the
+    // thread faults on it before it runs a line of its own.
+    let r = builder.spawn(move || {
+        crate::tls::keep_resident();
+        f()
+    });
+    if let Ok(t) = &r {
+        use std::os::unix::thread::JoinHandleExt;
+        crate::tls::lock_thread(t.as_pthread_t());
+    }
     if blocked {
         // SAFETY: puts back the mask read above, on the same thread.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };

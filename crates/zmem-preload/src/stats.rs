@@ -64,6 +64,8 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
                 return;
             }
         }
+        // Before it sleeps (`zmem_common::tls`).
+        zmem_common::tls::keep_resident();
         std::thread::sleep(interval);
     }
 }

@@ -550,6 +550,8 @@ fn next_descriptor(rx: &Receiver<(Arc<Inflight>, usize)>, idle_spin: Duration) -
     if let Ok(d) = rx.try_recv() {
         return Some(d);
     }
+    // Before it may block (`zmem_common::tls`).
+    zmem_common::tls::keep_resident();
     if !idle_spin.is_zero() {
         let start = Instant::now();
         let mut n = 0u32;

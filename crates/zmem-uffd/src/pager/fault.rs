@@ -343,6 +343,9 @@ impl Inner {
             // block in poll(2).
             let spinning = idle && spin.spinning(Instant::now());
             if !spinning && carry.is_empty() {
+                // Before it blocks: a TLS vector glibc moved meanwhile is
+                // locked before reclaim can evict it (`zmem_common::tls`).
+                zmem_common::tls::keep_resident();
                 let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
                 if self.uffd.wait(Some(timeout)).is_err() {
                     return;

@@ -63,6 +63,8 @@ impl Inner {
                 let back = std::mem::take(&mut lru.unevictable);
                 lru.inactive.extend(back);
             }
+            // Before it waits (`zmem_common::tls`).
+            zmem_common::tls::keep_resident();
             {
                 let mut k = self.kick.0.lock_ok();
                 if !*k {
