@@ -651,6 +651,56 @@ fn vectors_grown_by_mremap_keep_every_word_as_regions_split_and_move() {
     }
 }
 
+/// A program whose executable defines the malloc family (rustc links
+/// jemalloc in) gets glibc's own allocations too, the loader looking in the
+/// executable first: among them the TLS vectors of zmem's threads. Adopted
+/// and evicted with the program's memory, they hung it: the handler faulted
+/// on its own vector, reclaim on one in the folio it was evicting (`cargo
+/// build` hung in its first rustc). Each zmem thread's vector is now
+/// mlocked (`zmem_common::tls`). Checked: 4 GiB hung with the build before,
+/// and 256 MiB in 1 run of 2.
+#[test]
+fn a_program_whose_executable_defines_malloc_pages_through_the_limit() {
+    let dir = tmpdir("own-malloc");
+    let exe = dir.join("own_malloc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/own_malloc.c");
+    // -rdynamic: the executable's malloc is what the loader finds first.
+    let st = Command::new("cc").args(["-O2", "-rdynamic", "-o"]).arg(&exe).arg(src).status().expect("cc");
+    assert!(st.success());
+    let swap = tmpdir("own-malloc-swap");
+    let o = zmem(
+        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "512"],
+        &[],
+        180,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("8192 blocks, 0 bad words"), "{}", text(&o));
+}
+
+/// The C code inside the shim (zstd's contexts) calls `calloc` from zmem's
+/// threads. Resolved the loader's way, that is the executable's `calloc`
+/// where the executable defines one, and the handler hung in rustc's
+/// jemalloc, faulting on its evicted metadata, once new stores switched to
+/// zstd. The shim is linked `-Bsymbolic-functions` (`build.rs`), so those
+/// calls bind to its own malloc family, which serves zmem's threads from
+/// zmem's heap: no dynamic relocation of the shim may name one of them.
+#[test]
+fn the_shims_own_calls_of_the_malloc_family_are_bound_to_the_shim() {
+    let so = preload();
+    let o = Command::new("readelf").args(["-rW"]).arg(&so).output().expect("readelf (binutils)");
+    assert!(o.status.success());
+    let relocs = String::from_utf8_lossy(&o.stdout);
+    assert!(relocs.contains("R_X86_64") || !cfg!(target_arch = "x86_64"), "no relocations read: {relocs}");
+    for line in relocs.lines() {
+        let sym = line.split_whitespace().nth(4).unwrap_or("");
+        let name = sym.split('@').next().unwrap_or("");
+        assert!(
+            !["malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc", "memalign"].contains(&name),
+            "the shim resolves {name} at run time, where an executable's own would win: {line}"
+        );
+    }
+}
+
 /// glibc's main heap grows by an internal sbrk that no preload sees; a scan
 /// every 100 ms found the growth only once the program had filled it, and
 /// usage went far over the limit (Python: a 69 MiB peak under 40M). The
