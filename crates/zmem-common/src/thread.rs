@@ -47,7 +47,7 @@ where
     // SAFETY: both sets are ours and initialised; pthread_sigmask changes
     // only this thread's mask and writes the old one into `old`.
     let blocked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) } == 0;
-    // The thread's TLS vector stays resident (see `tls`): locked by the
+    // The thread's TLS vector stays resident (see `tls`): pinned by the
     // thread itself first thing, and by this thread too, in case the
     // thread faults on it before it runs a line of its own.
     let r = builder.spawn(move || {

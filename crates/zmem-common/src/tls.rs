@@ -13,25 +13,44 @@
 //! waits for that eviction to end). `cargo build` under `zmem run` hung in
 //! its first rustc; `tests/data/own_malloc.c` hangs the same way.
 //!
-//! So each zmem thread's DTV is `mlock`ed: the spawner locks it as the
-//! thread starts ([`crate::thread::spawn`]), and the thread locks it again
-//! wherever glibc may have moved it (a DTV grows, by a new `malloc`, when
-//! a `dlopen` adds TLS modules past its room) before it blocks
-//! ([`keep_resident`]). The pager never moves an mlocked page, as the
-//! kernel refuses to MOVE between locked and unlocked mappings: its folio
-//! stays resident. A vector left behind stays locked (a few pages at most).
+//! So each zmem thread's DTV is *pinned*: its pages go in a list that the
+//! pager's reclaim consults, and a folio holding a pinned page is never
+//! evicted ([`pinned`]). The spawner pins it as the thread starts
+//! ([`crate::thread::spawn`]), and the thread pins it again wherever glibc
+//! may have moved it (a DTV grows, by a new `malloc`, when a `dlopen` adds
+//! TLS modules past its room) before it blocks ([`keep_resident`]). A
+//! vector left behind stays pinned (a few pages at most). `mlock` was the
+//! first way: it splits the program's mapping around the page, and a COPY
+//! of a folio across the split failed (ENOENT), which the pager reads as
+//! an unmapped range: 4,095 words of `own_malloc.c` read wrong in CI.
 //!
 //! The layout read here is glibc's on x86-64: the thread pointer's second
 //! word (`tcbhead_t.dtv`) points one 16-byte entry into the allocation,
 //! whose first entry holds the vector's length. Elsewhere this is a no-op.
 
+/// Pinned byte ranges `[start, end)`: zmem's threads' TLS vectors.
+static PINS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn pin(start: usize, end: usize) {
+    let mut pins = crate::LockExt::lock_ok(&PINS);
+    if !pins.iter().any(|&(s, e)| s <= start && end <= e) {
+        pins.push((start, end));
+    }
+}
+
+/// Whether any of `[start, start + len)` holds a pinned page: reclaim must
+/// leave a folio that does resident.
+pub fn pinned(start: u64, len: usize) -> bool {
+    let (s, e) = (start as usize, start as usize + len);
+    crate::LockExt::lock_ok(&PINS).iter().any(|&(ps, pe)| ps < e && s < pe)
+}
+
 #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
 mod imp {
     use std::cell::Cell;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     thread_local! {
-        /// The DTV this thread locked last (a `Copy` type: no destructor
+        /// The DTV this thread pinned last (a `Copy` type: no destructor
         /// to register, see `zmem-tier/src/buffers.rs`).
         static LOCKED: Cell<usize> = const { Cell::new(0) };
     }
@@ -57,7 +76,7 @@ mod imp {
         unsafe { *second }
     }
 
-    /// Locks the pages of the DTV that `dtv` (a `tcbhead_t.dtv` value)
+    /// Pins the pages of the DTV that `dtv` (a `tcbhead_t.dtv` value)
     /// points into. Whether it did.
     pub(crate) fn lock(dtv: usize) -> bool {
         if dtv < 4096 || dtv % 8 != 0 {
@@ -72,20 +91,8 @@ mod imp {
             return false;
         }
         let page = 4096;
-        let start = (dtv - 16) / page * page;
-        let end = (dtv + 16 * (len + 1)).div_ceil(page) * page;
-        // SAFETY: mlock only changes the locking of the pages, which are
-        // mapped (they hold the live vector).
-        let ok = unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0;
-        static WARNED: AtomicBool = AtomicBool::new(false);
-        if !ok && !WARNED.swap(true, Ordering::Relaxed) {
-            log::warn!(
-                "mlock of a zmem thread's TLS vector failed ({}): in a program with its own malloc, \
-                 an eviction may hang it (RLIMIT_MEMLOCK?)",
-                std::io::Error::last_os_error()
-            );
-        }
-        ok
+        super::pin((dtv - 16) / page * page, (dtv + 16 * (len + 1)).div_ceil(page) * page);
+        true
     }
 
     pub fn keep_resident() {
@@ -96,15 +103,15 @@ mod imp {
     }
 }
 
-/// Locks the calling thread's DTV in memory if it moved since this thread
-/// last locked it. zmem's threads call it before they block, so that a DTV
+/// Pins the calling thread's DTV if it moved since this thread last
+/// pinned it. zmem's threads call it before they block, so that a DTV
 /// glibc grew (reallocated) meanwhile is locked before anything can evict it.
 pub fn keep_resident() {
     #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
     imp::keep_resident();
 }
 
-/// Locks the DTV of the thread `t` as it starts (called by its spawner).
+/// Pins the DTV of the thread `t` as it starts (called by its spawner).
 pub(crate) fn lock_thread(t: libc::pthread_t) {
     #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
     imp::lock(imp::dtv_of(t));
@@ -116,39 +123,28 @@ pub(crate) fn lock_thread(t: libc::pthread_t) {
 mod tests {
     use super::*;
 
-    /// The `Locked:` kB of the mapping of ours that holds `addr`.
-    fn locked_kib_at(addr: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for l in smaps.lines() {
-            let head = l.split_whitespace().next().unwrap_or("");
-            if let Some((a, b)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
-                let (a, b) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16));
-                inside = matches!((a, b), (Ok(a), Ok(b)) if (a..b).contains(&addr));
-            } else if inside && l.starts_with("Locked:") {
-                return l.split_whitespace().nth(1).unwrap().parse().unwrap();
-            }
-        }
-        panic!("no mapping holds {addr:#x}");
-    }
-
     /// A thread's DTV, read from its own TCB and through its pthread_t, is
-    /// one pointer; `keep_resident` locks the pages that hold it, and a
-    /// thread from `thread::spawn` starts with them locked.
+    /// one pointer; `keep_resident` pins the pages that hold it, and a
+    /// thread from `thread::spawn` starts with them pinned.
     #[test]
-    fn a_threads_dtv_is_found_both_ways_and_locked() {
-        let (mine, via, locked) = std::thread::spawn(|| {
+    fn a_threads_dtv_is_found_both_ways_and_pinned() {
+        let (mine, via) = std::thread::spawn(|| {
             // SAFETY: pthread_self has no preconditions.
             let me = unsafe { libc::pthread_self() };
             keep_resident();
-            (imp::own_dtv(), imp::dtv_of(me), locked_kib_at(imp::own_dtv()))
+            (imp::own_dtv(), imp::dtv_of(me))
         })
         .join()
         .unwrap();
         assert_ne!(mine, 0);
         assert_eq!(mine, via);
-        assert!(locked >= 4, "{locked} kB locked where the DTV is");
-        let t = crate::thread::spawn(std::thread::Builder::new(), || locked_kib_at(imp::own_dtv())).unwrap();
-        assert!(t.join().unwrap() >= 4, "a spawned zmem thread's DTV is locked");
+        assert!(pinned(mine as u64, 16), "its DTV is pinned");
+        assert!(!pinned(8 << 20, 4096), "a page of nobody's is not");
+        let t = crate::thread::spawn(std::thread::Builder::new(), || {
+            let d = imp::own_dtv();
+            (d, pinned(d as u64 - 16, 32))
+        })
+        .unwrap();
+        assert!(t.join().unwrap().1, "a spawned zmem thread's DTV is pinned");
     }
 }

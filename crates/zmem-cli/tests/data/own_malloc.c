@@ -18,18 +18,24 @@
 #define BLOCK (64 << 10)
 
 static char *cur, *end;
+/* zmem's threads allocate here too (glibc's opendir on its stats thread). */
+static int busy;
 
 static void *take(size_t size) {
     /* A header holds the size, for realloc. */
     size_t need = (size + 16 + 15) & ~(size_t)15;
     if (need > CHUNK) return NULL;
+    while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
+    }
     if (!cur || (size_t)(end - cur) < need) {
         cur = mmap(NULL, CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (cur == MAP_FAILED) return cur = NULL;
-        end = cur + CHUNK;
+        if (cur == MAP_FAILED) cur = NULL;
+        end = cur ? cur + CHUNK : NULL;
     }
     char *p = cur;
-    cur += need;
+    if (p) cur += need;
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    if (!p) return NULL;
     *(size_t *)p = size;
     return p + 16;
 }

@@ -185,10 +185,15 @@ impl Inner {
     /// since it was last looked at; looking clears both (written pages are
     /// protected again).
     pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
+        let fs = self.cfg.folio_size;
+        // A folio holding a zmem thread's TLS vector (in a program whose
+        // executable has its own malloc) stays resident: off the lists for
+        // good (`zmem_common::tls`).
         let live = |(st, f): &(Arc<RegionState>, usize)| {
             st.folio(*f) == Folio::Resident
                 && !st.poisoned[*f].load(Ordering::Relaxed)
                 && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
+                && !zmem_common::tls::pinned(st.start.load(Ordering::Acquire) + (*f * fs) as u64, fs)
         };
         // Folios written since a load kept their entries: those entries are
         // stale now, and are dropped once the list's lock is let go.
