@@ -745,15 +745,22 @@ mod loom_model {
         d
     }
 
+    /// A one-item batch and an engine thread that claims and runs it (and
+    /// says whether it published).
+    fn with_engine() -> (Arc<Inflight>, loom::thread::JoinHandle<bool>) {
+        let inf = inflight();
+        let engine = {
+            let inf = Arc::clone(&inf);
+            loom::thread::spawn(move || inf.claim(0) && run(&inf))
+        };
+        (inf, engine)
+    }
+
     #[test]
     fn an_engine_and_a_timed_out_waiter_publish_an_item_once() {
         let want = want();
         loom::model(move || {
-            let inf = inflight();
-            let engine = {
-                let inf = Arc::clone(&inf);
-                loom::thread::spawn(move || inf.claim(0) && run(&inf))
-            };
+            let (inf, engine) = with_engine();
             // The waiter, past its timeout: started or not, it runs it.
             inf.claim(0);
             let waiter = run(&inf);
@@ -770,11 +777,7 @@ mod loom_model {
     fn an_abandoned_batch_completes_with_the_engines_output_or_unrun() {
         let want = want();
         loom::model(move || {
-            let inf = inflight();
-            let engine = {
-                let inf = Arc::clone(&inf);
-                loom::thread::spawn(move || inf.claim(0) && run(&inf))
-            };
+            let (inf, engine) = with_engine();
             // `abandon` without its wait: the engine may still be running.
             let unrun = inf.claim(0) && !inf.finished[0].swap(true, Ordering::AcqRel);
             if unrun {
