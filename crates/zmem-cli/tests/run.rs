@@ -149,9 +149,15 @@ fn text(o: &Output) -> String {
 
 /// `tests/data/NAME.c`, compiled.
 fn compile_c(name: &str) -> PathBuf {
+    compile_c_with(name, &[])
+}
+
+/// `tests/data/NAME.c`, compiled with the extra flags `flags`.
+fn compile_c_with(name: &str, flags: &[&str]) -> PathBuf {
     let exe = tmpdir(&format!("cc-{name}")).join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.c"));
-    let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(src).status().expect("a C compiler (cc)");
+    let st =
+        Command::new("cc").arg("-O2").args(flags).arg("-o").arg(&exe).arg(src).status().expect("a C compiler (cc)");
     assert!(st.success());
     exe
 }
@@ -661,12 +667,8 @@ fn vectors_grown_by_mremap_keep_every_word_as_regions_split_and_move() {
 /// and 256 MiB in 1 run of 2.
 #[test]
 fn a_program_whose_executable_defines_malloc_pages_through_the_limit() {
-    let dir = tmpdir("own-malloc");
-    let exe = dir.join("own_malloc");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/own_malloc.c");
     // -rdynamic: the executable's malloc is what the loader finds first.
-    let st = Command::new("cc").args(["-O2", "-rdynamic", "-o"]).arg(&exe).arg(src).status().expect("cc");
-    assert!(st.success());
+    let exe = compile_c_with("own_malloc", &["-rdynamic"]);
     let swap = tmpdir("own-malloc-swap");
     let o = zmem(
         &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "512"],

@@ -56,7 +56,7 @@ where
     });
     if let Ok(t) = &r {
         use std::os::unix::thread::JoinHandleExt;
-        crate::tls::lock_thread(t.as_pthread_t());
+        crate::tls::pin_thread(t.as_pthread_t());
     }
     if blocked {
         // SAFETY: puts back the mask read above, on the same thread.

@@ -52,7 +52,7 @@ mod imp {
     thread_local! {
         /// The DTV this thread pinned last (a `Copy` type: no destructor
         /// to register, see `zmem-tier/src/buffers.rs`).
-        static LOCKED: Cell<usize> = const { Cell::new(0) };
+        static PINNED: Cell<usize> = const { Cell::new(0) };
     }
 
     /// The calling thread's DTV, as `tcbhead_t.dtv` holds it.
@@ -78,7 +78,7 @@ mod imp {
 
     /// Pins the pages of the DTV that `dtv` (a `tcbhead_t.dtv` value)
     /// points into. Whether it did.
-    pub(crate) fn lock(dtv: usize) -> bool {
+    pub(crate) fn pin_dtv(dtv: usize) -> bool {
         if dtv < 4096 || dtv % 8 != 0 {
             return false;
         }
@@ -97,8 +97,8 @@ mod imp {
 
     pub fn keep_resident() {
         let dtv = own_dtv();
-        if LOCKED.with(Cell::get) != dtv && lock(dtv) {
-            LOCKED.with(|c| c.set(dtv));
+        if PINNED.with(Cell::get) != dtv && pin_dtv(dtv) {
+            PINNED.with(|c| c.set(dtv));
         }
     }
 }
@@ -112,9 +112,9 @@ pub fn keep_resident() {
 }
 
 /// Pins the DTV of the thread `t` as it starts (called by its spawner).
-pub(crate) fn lock_thread(t: libc::pthread_t) {
+pub(crate) fn pin_thread(t: libc::pthread_t) {
     #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
-    imp::lock(imp::dtv_of(t));
+    imp::pin_dtv(imp::dtv_of(t));
     #[cfg(not(all(target_arch = "x86_64", target_env = "gnu")))]
     let _ = t;
 }
