@@ -190,7 +190,8 @@ fn a_library_constructor_under_the_loaders_lock_pages_through_the_limit() {
     let dir = tmpdir("dlopen");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dlopen.c");
     let (lib, exe) = (dir.join("libtouch.so"), dir.join("dlopen"));
-    let st = Command::new("cc").args(["-O2", "-shared", "-fPIC", "-DLIB", "-o"]).arg(&lib).arg(&src).status();
+    let st =
+        Command::new("cc").args(["-O2", "-shared", "-fPIC", "-pthread", "-DLIB", "-o"]).arg(&lib).arg(&src).status();
     assert!(st.expect("a C compiler (cc)").success());
     let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(&src).arg("-ldl").status().unwrap();
     assert!(st.success());
@@ -1770,6 +1771,37 @@ assert all(xs[i] == (b"%08d" % i) * 64 for i in range(100000))
 print("mimalloc ok")
 "#;
     run_managed_env("mimalloc", "32M", &["python3", "-c", py], &[("LD_PRELOAD", mi)], "mimalloc ok", 300);
+}
+
+/// `import numpy` loads OpenBLAS, whose library constructor starts its
+/// thread pool: `pthread_create` under the dynamic loader's lock. The
+/// shim's `pthread_create` waits for the new thread to record its stack,
+/// and that record took the same lock (a thread-local's destructor), so
+/// the import hung for good. Then numpy's arrays, 6x the limit, sorted,
+/// multiplied on the BLAS threads and checked.
+#[test]
+fn numpy_imports_with_openblas_threads_and_its_arrays_are_managed() {
+    let py = "/usr/bin/python3";
+    let ok = Command::new(py).args(["-c", "import numpy"]).status().is_ok_and(|s| s.success());
+    assert!(ok, "Debian's python3-numpy with libopenblas0-pthread (.ci/run installs them)");
+    let script = r#"
+import numpy as np
+n = 4 << 20
+a = np.arange(n, dtype=np.int64) * 2654435761 % 1000003
+b = a[::-1].copy()
+c = np.sort(a)
+assert np.all(c[1:] >= c[:-1]) and int(c.sum()) == int(a.sum())
+m = (np.arange(512 * 512, dtype=np.float64) % 97).reshape(512, 512)
+p = m @ m.T
+mi = m.astype(np.int64)
+for i, j in [(0, 0), (17, 300), (511, 1)]:
+    assert int(p[i, j]) == int((mi[i] * mi[j]).sum()), (i, j)
+big = [np.full(1 << 20, i, dtype=np.uint8) for i in range(96)]
+assert all(int(x[::4096].sum()) == i * 256 for i, x in enumerate(big))
+assert np.array_equal(b[::-1], a)
+print("numpy ok")
+"#;
+    run_managed("numpy", "32M", &[py, "-c", script], "numpy ok", 240);
 }
 
 /// sqlite3 keeps an in-memory database in glibc's heap (brk and arenas),

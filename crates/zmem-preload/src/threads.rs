@@ -10,6 +10,13 @@
 //! so a scan, which holds `owned::scan_lock`, never sees it unrecorded.
 //! zmem's own threads are made by zmem code (the reentrancy flag is set),
 //! and their stacks are recorded as zmem's.
+//!
+//! The record of a thread's exit is a pthread key's value, not a Rust
+//! thread-local with a destructor: registering one takes the dynamic
+//! loader's lock (`__cxa_thread_atexit_impl`). A library constructor that
+//! starts a thread (OpenBLAS's pool, on `import numpy`) holds that lock
+//! while its `pthread_create`, ours, waits for the new thread's record:
+//! the two waited for each other for good.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +37,8 @@ struct Trampoline {
     recorded: *const AtomicBool,
 }
 
-/// Records the thread's stack as cached when the thread exits (a TLS
-/// destructor: it runs on pthread_exit too). It is not forgotten: glibc
+/// Records the thread's stack as cached when the thread exits (the value
+/// of a pthread key, whose destructor runs on pthread_exit too). It is not forgotten: glibc
 /// keeps the stack mapped for its next thread, and a scan that adopted it
 /// meanwhile would hand a managed stack to that thread, which may be
 /// zmem's (a forked child's new pager starts its threads on the stacks
@@ -60,8 +67,25 @@ impl Drop for StackRecord {
     }
 }
 
-thread_local! {
-    static STACK: std::cell::RefCell<Option<StackRecord>> = const { std::cell::RefCell::new(None) };
+/// The key whose value is the calling thread's `Box<StackRecord>`, dropped
+/// by [`drop_record`] when the thread exits; `None` if no key was left.
+fn stack_key() -> Option<libc::pthread_key_t> {
+    static KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut k: libc::pthread_key_t = 0;
+        // SAFETY: k is a writable key; drop_record is what the key's values
+        // need at thread exit (see there).
+        let r = unsafe { libc::pthread_key_create(&mut k, Some(drop_record)) };
+        (r == 0).then_some(k)
+    })
+}
+
+/// A thread's exit: its record's value, set by `record_own_stack`.
+unsafe extern "C" fn drop_record(p: *mut c_void) {
+    // SAFETY: every non-null value of the key is a Box<StackRecord> that
+    // record_own_stack leaked for this thread, and glibc hands each value to
+    // this destructor once (it clears the value before the call).
+    drop(unsafe { Box::from_raw(p.cast::<StackRecord>()) });
 }
 
 /// The calling thread's stack: (lowest address, bytes).
@@ -87,7 +111,15 @@ fn own_stack() -> Option<(u64, usize)> {
 pub(crate) fn record_own_stack(kind: Kind) {
     if let Some((addr, size)) = own_stack() {
         owned::add(addr, size, kind);
-        let _ = STACK.try_with(|s| *s.borrow_mut() = Some(StackRecord { addr, len: size, kind }));
+        let Some(key) = stack_key() else { return };
+        let rec = Box::into_raw(Box::new(StackRecord { addr, len: size, kind }));
+        // SAFETY: key is a live key; the value is the box drop_record takes
+        // back. A thread records its stack once (its trampoline), so no
+        // earlier value is overwritten.
+        if unsafe { libc::pthread_setspecific(key, rec.cast()) } != 0 {
+            // SAFETY: not stored, so still ours alone.
+            drop(unsafe { Box::from_raw(rec) });
+        }
     }
 }
 
