@@ -13,6 +13,14 @@
 //! cgroup fails, whatever the program's exit status (a script whose server
 //! was killed may still exit 0).
 //!
+//! zmem's runs show the program their limit as its machine's memory (`zmem
+//! run --show-limit`), as the kernel's cgroup shows it its own: a program
+//! that sizes itself from the memory it sees must size itself the same way
+//! in both. DuckDB takes 80% of what it sees for its buffer manager: 240 MiB
+//! in a 300M cgroup, 18.8 GiB under zmem without the flag, where its 8M-row
+//! join then paged through the limit in 65 s against the kernel's 9.0 s;
+//! with it, 6.9 s.
+//!
 //! With `--equal-footprint` a fourth run follows the kernel's: zmem again,
 //! with its limit moved by the difference between the two footprints, so
 //! that it has the memory the kernel took. Equal limits are not equal
@@ -116,7 +124,7 @@ pub fn run(args: &Args) -> Result<()> {
     let me = std::env::current_exe().context("the zmem binary")?;
     let zmem = |limit: &str| {
         let mut c = Command::new(&me);
-        c.args(["run", "--limit", limit, "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
+        c.args(["run", "--limit", limit, "--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
         c
     };
     out.push(measure("zmem", zmem(&args.limit), None)?);

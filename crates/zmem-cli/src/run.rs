@@ -12,7 +12,7 @@ use zmem_uffd::tree::Tree;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, \
+ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \
 ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -67,6 +67,13 @@ pub struct Args {
     /// from its parent, and the limit holds across fork (ZMEM_FORK_EVENT=1).
     #[arg(long)]
     fork_event: bool,
+    /// The program sees the limit as its machine's memory (sysconf's
+    /// _SC_PHYS_PAGES and _SC_AVPHYS_PAGES, sysinfo), as a program in a
+    /// memory cgroup sees the cgroup's limit: runtimes that size themselves
+    /// from it (DuckDB, the JVM's default heap) size themselves to the limit
+    /// rather than page through it (ZMEM_SHOW_LIMIT=1).
+    #[arg(long)]
+    show_limit: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     cmd: Vec<std::ffi::OsString>,
@@ -183,6 +190,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_ADOPT", args.no_adopt.then(|| "0".to_string()));
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     set("ZMEM_FORK_EVENT", args.fork_event.then(|| "1".to_string()));
+    set("ZMEM_SHOW_LIMIT", args.show_limit.then(|| "1".to_string()));
     // Directories are made absolute here: the program may change its
     // working directory (pyenv's shims do) before its pagers start.
     let cwd = std::env::current_dir().context("the working directory")?;

@@ -1334,6 +1334,46 @@ fn bad_flags_and_variables_are_errors_before_the_program_starts() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("/nonexistent/program"));
 }
 
+/// With `--show-limit` the program sees the limit as its machine's memory,
+/// as one in a memory cgroup sees the cgroup's: Python's `os.sysconf`, and
+/// the JVM, which takes a quarter of it for its default heap. Without it,
+/// the machine's own, and a bad `ZMEM_SHOW_LIMIT` is refused up front.
+#[test]
+fn with_show_limit_the_program_sees_the_limit_as_its_memory() {
+    let py = "import os; p = os.sysconf('SC_PAGE_SIZE'); \
+              print('phys', os.sysconf('SC_PHYS_PAGES') * p, 'avail', os.sysconf('SC_AVPHYS_PAGES') * p)";
+    let figures = |o: &Output| -> (u64, u64) {
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let w: Vec<&str> = out.split_whitespace().collect();
+        assert!(w.len() == 4 && w[0] == "phys" && w[2] == "avail", "{}", text(o));
+        (w[1].parse().unwrap(), w[3].parse().unwrap())
+    };
+    let o = zmem(&["run", "--limit", "64M", "--show-limit", "--", "python3", "-c", py], &[], 60);
+    assert!(o.status.success(), "{}", text(&o));
+    let (phys, avail) = figures(&o);
+    assert_eq!(phys, 64 << 20, "{}", text(&o));
+    assert!(avail > 0 && avail <= phys, "{}", text(&o));
+    let o = zmem(&["run", "--limit", "64M", "--", "python3", "-c", py], &[], 60);
+    assert!(o.status.success(), "{}", text(&o));
+    let machine = figures(&o).0;
+    assert!(machine > 64 << 20, "without the flag, the machine's memory: {}", text(&o));
+
+    let heap = |args: &[&str]| -> u64 {
+        let mut a = args.to_vec();
+        a.extend(["--", "java", "-XX:+PrintFlagsFinal", "-version"]);
+        let o = zmem(&a, &[], 120);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let line = out.lines().find(|l| l.split_whitespace().nth(1) == Some("MaxHeapSize")).expect("MaxHeapSize");
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    assert_eq!(heap(&["run", "--limit", "512M", "--show-limit"]), 128 << 20, "a quarter of the limit");
+    assert!(heap(&["run", "--limit", "512M"]) > 512 << 20, "a quarter of the machine's memory");
+
+    let o = zmem(&["run", "--", "true"], &[("ZMEM_SHOW_LIMIT", "2")], 30);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("ZMEM_SHOW_LIMIT=2"), "{}", text(&o));
+}
+
 /// With the threshold at one folio, the pager's own buffers and the
 /// tier's allocations would qualify; the reentrancy guard must keep them
 /// out of managed memory, or the handler faults on itself and hangs.

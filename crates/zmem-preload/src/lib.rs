@@ -64,6 +64,7 @@ mod malloc;
 mod mmap;
 mod next;
 mod stats;
+mod sysmem;
 mod threads;
 
 pub use guard::mark_internal_thread;

@@ -15,6 +15,7 @@
 //! | `ZMEM_ADOPT` | `1` | `0`: manage only what the shim sees mapped (no scan of the address space) |
 //! | `ZMEM_STACKS` | `0` | `1`: manage the program's thread stacks too |
 //! | `ZMEM_FORK_EVENT` | `0` | `1`: a fork loads nothing back; the child takes its evicted pages over from its parent (the limit holds across fork, but a fork costs a copy of the evicted set) |
+//! | `ZMEM_SHOW_LIMIT` | `0` | `1`: the program sees the limit as its machine's memory (`sysconf(_SC_PHYS_PAGES)`, `_SC_AVPHYS_PAGES`, `sysinfo`), as a program in a memory cgroup sees the cgroup's limit |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
@@ -54,6 +55,11 @@ pub struct Settings {
     /// (`UFFD_FEATURE_EVENT_FORK`); off (the default): a fork loads them
     /// back first.
     pub fork_event: bool,
+    /// The program sees the limit as its machine's memory (the shim's
+    /// `sysconf` and `sysinfo`), as one in a memory cgroup sees the
+    /// cgroup's: runtimes that size themselves from it (DuckDB, the JVM's
+    /// default heap) size themselves to the limit.
+    pub show_limit: bool,
     pub scan_interval: Duration,
     pub folio: usize,
     /// `PagerConfig::fault_around`.
@@ -152,6 +158,7 @@ impl Default for Settings {
             adopt: true,
             stacks: false,
             fork_event: false,
+            show_limit: false,
             scan_interval: Duration::from_millis(100),
             folio: defaults::FOLIO_SIZE,
             fault_around: defaults::FAULT_AROUND_BYTES,
@@ -198,6 +205,7 @@ impl Settings {
                 "ZMEM_ADOPT" => s.adopt = parse_bool(k, v)?,
                 "ZMEM_STACKS" => s.stacks = parse_bool(k, v)?,
                 "ZMEM_FORK_EVENT" => s.fork_event = parse_bool(k, v)?,
+                "ZMEM_SHOW_LIMIT" => s.show_limit = parse_bool(k, v)?,
                 "ZMEM_SCAN_MS" => {
                     let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
                     s.scan_interval = Duration::from_millis(ms.clamp(1, 60_000));

@@ -1,0 +1,138 @@
+//! What the program sees of the machine's memory, with `ZMEM_SHOW_LIMIT=1`:
+//! the limit, as a program in a memory cgroup sees the cgroup's limit.
+//! Runtimes size themselves from it: DuckDB takes 80% of
+//! `sysconf(_SC_PHYS_PAGES)` for its buffer manager, the JVM a quarter for
+//! its default heap. Under a cgroup they read the cgroup's files first and
+//! size themselves to its limit; under zmem, without this, to the whole
+//! machine, and then page through the limit. Interposed: `sysconf`
+//! (`_SC_PHYS_PAGES`, `_SC_AVPHYS_PAGES`; every other name passes through
+//! untouched), `get_phys_pages`, `get_avphys_pages` and `sysinfo`.
+//!
+//! The limit is the process tree's once the shim runs (what is left of it:
+//! the tree's limit less its usage, for the available pages), and
+//! `ZMEM_LIMIT` before. Each figure is at most the machine's own.
+
+use std::ffi::{c_int, c_long};
+use std::sync::OnceLock;
+
+use zmem_settings::Settings;
+
+use crate::guard::guarded;
+
+/// `ZMEM_LIMIT` if `ZMEM_SHOW_LIMIT=1` (and the shim is not disabled),
+/// read once.
+fn shown_limit() -> Option<u64> {
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        // Inside the shim: the parse allocates from zmem's heap.
+        guarded(|| {
+            let s = Settings::from_env().ok()?;
+            (s.show_limit && !s.disable).then_some(s.limit as u64)
+        })
+        .flatten()
+    })
+}
+
+/// (limit, available) in bytes, if the program is to see the limit.
+fn limit_and_free() -> Option<(u64, u64)> {
+    let limit = shown_limit()?;
+    let tree = crate::init::current().and_then(|s| s.pager.tree());
+    Some(match tree {
+        Some(t) => (t.limit() as u64, (t.limit() as u64).saturating_sub(t.usage())),
+        None => (limit, limit),
+    })
+}
+
+fn real<F: Copy>(name: &std::ffi::CStr, cell: &OnceLock<usize>) -> Option<F> {
+    // SAFETY: a symbol lookup by a NUL-terminated name.
+    let p = *cell.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize);
+    // SAFETY: F is the function type of the symbol `name` (each caller
+    // below names its own), the same size as a pointer.
+    (p != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+}
+
+type SysconfFn = unsafe extern "C" fn(c_int) -> c_long;
+type SysinfoFn = unsafe extern "C" fn(*mut libc::sysinfo) -> c_int;
+
+fn real_sysconf(name: c_int) -> c_long {
+    static REAL: OnceLock<usize> = OnceLock::new();
+    match real::<SysconfFn>(c"sysconf", &REAL) {
+        // SAFETY: the next sysconf, with the caller's argument.
+        Some(f) => unsafe { f(name) },
+        None => -1,
+    }
+}
+
+/// `pages` (the machine's own figure), at most `bytes`.
+fn clamp_pages(pages: c_long, bytes: u64) -> c_long {
+    let page = real_sysconf(libc::_SC_PAGESIZE).max(1) as u64;
+    if pages < 0 {
+        return pages;
+    }
+    (pages as u64).min(bytes / page) as c_long
+}
+
+#[no_mangle]
+pub extern "C" fn sysconf(name: c_int) -> c_long {
+    let r = real_sysconf(name);
+    if name != libc::_SC_PHYS_PAGES && name != libc::_SC_AVPHYS_PAGES {
+        return r;
+    }
+    match limit_and_free() {
+        Some((limit, _)) if name == libc::_SC_PHYS_PAGES => clamp_pages(r, limit),
+        Some((_, free)) => clamp_pages(r, free),
+        None => r,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn get_phys_pages() -> c_long {
+    sysconf(libc::_SC_PHYS_PAGES)
+}
+
+#[no_mangle]
+pub extern "C" fn get_avphys_pages() -> c_long {
+    sysconf(libc::_SC_AVPHYS_PAGES)
+}
+
+/// # Safety
+/// As sysinfo(2): `info` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sysinfo(info: *mut libc::sysinfo) -> c_int {
+    static REAL: OnceLock<usize> = OnceLock::new();
+    let Some(f) = real::<SysinfoFn>(c"sysinfo", &REAL) else {
+        // SAFETY: __errno_location has no preconditions.
+        let errno = unsafe { libc::__errno_location() };
+        // SAFETY: it points at this thread's errno.
+        unsafe { *errno = libc::ENOSYS };
+        return -1;
+    };
+    // SAFETY: the caller's argument, as sysinfo(2) takes it.
+    let r = unsafe { f(info) };
+    if r != 0 || info.is_null() {
+        return r;
+    }
+    if let Some((limit, free)) = limit_and_free() {
+        // SAFETY: the call above filled in *info.
+        let i = unsafe { &mut *info };
+        let unit = u64::from(i.mem_unit.max(1));
+        let (limit, free) = (limit / unit, free / unit);
+        i.totalram = i.totalram.min(limit as _);
+        i.freeram = i.freeram.min(free as _);
+        i.bufferram = i.bufferram.min(i.freeram);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clamp_pages;
+
+    #[test]
+    fn a_figure_is_clamped_to_the_limit_and_never_raised() {
+        let page = super::real_sysconf(libc::_SC_PAGESIZE) as u64;
+        assert_eq!(clamp_pages(1 << 20, 256 * page), 256);
+        assert_eq!(clamp_pages(100, 256 * page), 100);
+        assert_eq!(clamp_pages(-1, 256 * page), -1);
+    }
+}
