@@ -1335,8 +1335,9 @@ fn bad_flags_and_variables_are_errors_before_the_program_starts() {
 }
 
 /// With `--show-limit` the program sees the limit as its machine's memory,
-/// as one in a memory cgroup sees the cgroup's: Python's `os.sysconf`, and
-/// the JVM, which takes a quarter of it for its default heap. Without it,
+/// as one in a memory cgroup sees the cgroup's: Python's `os.sysconf`, a C
+/// program's `sysinfo` and `get_phys_pages`, and the JVM, which takes a
+/// quarter of it for its default heap. Without it,
 /// the machine's own, and a bad `ZMEM_SHOW_LIMIT` is refused up front.
 #[test]
 fn with_show_limit_the_program_sees_the_limit_as_its_memory() {
@@ -1357,6 +1358,13 @@ fn with_show_limit_the_program_sees_the_limit_as_its_memory() {
     assert!(o.status.success(), "{}", text(&o));
     let machine = figures(&o).0;
     assert!(machine > 64 << 20, "without the flag, the machine's memory: {}", text(&o));
+
+    let exe = compile_c("sysmem");
+    let o = zmem(&["run", "--limit", "64M", "--show-limit", "--", exe.to_str().unwrap()], &[], 60);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let w: Vec<u64> = out.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    assert!(w.len() == 3 && w[0] == 64 << 20 && w[1] <= w[0] && w[2] == 64 << 20, "sysinfo: {}", text(&o));
 
     let heap = |args: &[&str]| -> u64 {
         let mut a = args.to_vec();

@@ -43,24 +43,16 @@ fn limit_and_free() -> Option<(u64, u64)> {
     })
 }
 
-fn real<F: Copy>(name: &std::ffi::CStr, cell: &OnceLock<usize>) -> Option<F> {
-    // SAFETY: a symbol lookup by a NUL-terminated name.
-    let p = *cell.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize);
-    // SAFETY: F is the function type of the symbol `name` (each caller
-    // below names its own), the same size as a pointer.
-    (p != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+extern "C" {
+    /// glibc's own `sysconf`, under its exported internal name: the
+    /// pass-through needs no `dlsym`, which may allocate, and `sysconf`
+    /// is called early (an allocator's start-up asks for the page size).
+    fn __sysconf(name: c_int) -> c_long;
 }
 
-type SysconfFn = unsafe extern "C" fn(c_int) -> c_long;
-type SysinfoFn = unsafe extern "C" fn(*mut libc::sysinfo) -> c_int;
-
 fn real_sysconf(name: c_int) -> c_long {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    match real::<SysconfFn>(c"sysconf", &REAL) {
-        // SAFETY: the next sysconf, with the caller's argument.
-        Some(f) => unsafe { f(name) },
-        None => -1,
-    }
+    // SAFETY: glibc's sysconf, with the caller's argument.
+    unsafe { __sysconf(name) }
 }
 
 /// `pages` (the machine's own figure), at most `bytes`.
@@ -99,16 +91,9 @@ pub extern "C" fn get_avphys_pages() -> c_long {
 /// As sysinfo(2): `info` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn sysinfo(info: *mut libc::sysinfo) -> c_int {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let Some(f) = real::<SysinfoFn>(c"sysinfo", &REAL) else {
-        // SAFETY: __errno_location has no preconditions.
-        let errno = unsafe { libc::__errno_location() };
-        // SAFETY: it points at this thread's errno.
-        unsafe { *errno = libc::ENOSYS };
-        return -1;
-    };
+    // The system call itself, as glibc's sysinfo is (errno set on failure).
     // SAFETY: the caller's argument, as sysinfo(2) takes it.
-    let r = unsafe { f(info) };
+    let r = unsafe { libc::syscall(libc::SYS_sysinfo, info) } as c_int;
     if r != 0 || info.is_null() {
         return r;
     }
