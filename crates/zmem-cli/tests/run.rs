@@ -169,14 +169,7 @@ fn compile_alloc() -> PathBuf {
 #[test]
 fn a_c_program_allocating_4x_its_limit_reads_everything_back() {
     let exe = compile_alloc();
-    let swap = tmpdir("c-swap");
-    let o = zmem(
-        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "128"],
-        &[],
-        240,
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("128 MiB checked, 0 bad words"), "{}", text(&o));
+    run_checked("c", "32M", &[exe.to_str().unwrap(), "128"], &[], "128 MiB checked, 0 bad words", 240);
 }
 
 /// A library constructor runs with the dynamic loader's lock held; this one
@@ -195,22 +188,8 @@ fn a_library_constructor_under_the_loaders_lock_pages_through_the_limit() {
     assert!(st.expect("a C compiler (cc)").success());
     let st = Command::new("cc").args(["-O2", "-o"]).arg(&exe).arg(&src).arg("-ldl").status().unwrap();
     assert!(st.success());
-    let swap = tmpdir("dlopen-swap");
-    let o = zmem(
-        &[
-            "run",
-            "--limit",
-            "32M",
-            "--swapfile",
-            swap.to_str().unwrap(),
-            "--",
-            exe.to_str().unwrap(),
-            lib.to_str().unwrap(),
-        ],
-        &[],
-        120,
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    let (exe, lib) = (exe.to_str().unwrap(), lib.to_str().unwrap());
+    let o = run_checked("dlopen", "32M", &[exe, lib], &[], "constructor: its thread ran", 120);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("constructor: 96 MiB checked, 0 bad words") && out.contains("loaded"), "{}", text(&o));
 }
@@ -235,14 +214,7 @@ print("ok", mib)
 
 #[test]
 fn python_allocating_4x_its_limit_reads_everything_back() {
-    let swap = tmpdir("py-swap");
-    let o = zmem(
-        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", "python3", "-c", PY, "128"],
-        &[],
-        300,
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 128"), "{}", text(&o));
+    run_checked("py", "32M", &["python3", "-c", PY, "128"], &[], "ok 128", 300);
 }
 
 /// Relative directories name places under `zmem run`'s working directory,
@@ -670,14 +642,7 @@ fn vectors_grown_by_mremap_keep_every_word_as_regions_split_and_move() {
 fn a_program_whose_executable_defines_malloc_pages_through_the_limit() {
     // -rdynamic: the executable's malloc is what the loader finds first.
     let exe = compile_c_with("own_malloc", &["-rdynamic"]);
-    let swap = tmpdir("own-malloc-swap");
-    let o = zmem(
-        &["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "512"],
-        &[],
-        180,
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("8192 blocks, 0 bad words"), "{}", text(&o));
+    run_checked("own-malloc", "32M", &[exe.to_str().unwrap(), "512"], &[], "8192 blocks, 0 bad words", 180);
 }
 
 /// The C code inside the shim (zstd's contexts) calls `calloc` from zmem's
@@ -1783,16 +1748,23 @@ fn run_managed(name: &str, limit: &str, cmd: &[&str], want: &str, secs: u64) -> 
     run_managed_env(name, limit, cmd, &[], want, secs)
 }
 
-fn run_managed_env(name: &str, limit: &str, cmd: &[&str], env: &[(&str, &str)], want: &str, secs: u64) -> Output {
+/// Runs `cmd` under `zmem run --limit LIMIT` with a swap file of its own,
+/// and checks that it succeeds and prints `want`.
+fn run_checked(name: &str, limit: &str, cmd: &[&str], env: &[(&str, &str)], want: &str, secs: u64) -> Output {
     let swap = tmpdir(&format!("{name}-swap"));
-    let stats = tmpdir(&format!("{name}-stats"));
     let mut args = vec!["run", "--limit", limit, "--swapfile", swap.to_str().unwrap(), "--"];
     args.extend_from_slice(cmd);
-    let mut env = env.to_vec();
-    env.extend([("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")]);
-    let o = zmem(&args, &env, secs);
+    let o = zmem(&args, env, secs);
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains(want), "{}", text(&o));
+    o
+}
+
+fn run_managed_env(name: &str, limit: &str, cmd: &[&str], env: &[(&str, &str)], want: &str, secs: u64) -> Output {
+    let stats = tmpdir(&format!("{name}-stats"));
+    let mut env = env.to_vec();
+    env.extend([("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")]);
+    let o = run_checked(name, limit, cmd, &env, want, secs);
     let (adopted, evicted) = (pager_max(&stats, "adopted_bytes"), pager_max(&stats, "evicted_folios"));
     assert!(adopted >= 16 << 20 && evicted > 0, "adopted {adopted} B, evicted {evicted} folios; {}", text(&o));
     o
