@@ -90,6 +90,18 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 
+    /// Makes the mapping executable too (read, write and execute).
+    ///
+    /// # Errors
+    /// mprotect's error (EACCES where a security policy forbids memory
+    /// both writable and executable).
+    pub fn make_executable(&self) -> rustix::io::Result<()> {
+        use rustix::mm::MprotectFlags as P;
+        // SAFETY: the range is our own mapping; nothing of ours executes it,
+        // and its bytes stay readable and writable.
+        unsafe { rustix::mm::mprotect(self.ptr.as_ptr().cast(), self.len, P::READ | P::WRITE | P::EXEC) }
+    }
+
     /// `MADV_DONTFORK`: a forked child does not inherit the mapping.
     ///
     /// # Errors

@@ -1,6 +1,7 @@
 //! The process's mappings, as the kernel sees them: the `PROCMAP_QUERY`
 //! ioctl on `/proc/self/maps` (Linux 6.11), one call per mapping, with the
-//! text of `/proc/self/maps` as the fallback on older kernels.
+//! text of `/proc/self/maps` as the fallback on older kernels; and which of
+//! them is a loaded ELF object's .bss ([`static_data`]).
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -12,7 +13,6 @@ use crate::sys::call;
 /// `_IOWR('f', 17, struct procmap_query)` (104 bytes): Debian's headers
 /// predate it, so it is spelled out from the kernel's uapi.
 pub const PROCMAP_QUERY: Opcode = 0xC068_6611;
-const QUERY_VMA_WRITABLE: u64 = 0x02;
 const QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 const VMA_READABLE: u64 = 0x01;
 const VMA_WRITABLE: u64 = 0x02;
@@ -39,15 +39,22 @@ struct ProcmapQuery {
     build_id_addr: u64,
 }
 
-/// One writable mapping.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Vma {
     pub start: u64,
     pub end: u64,
     pub readable: bool,
+    pub writable: bool,
     pub shared: bool,
     /// Backed by a file (or a device, or hugetlbfs).
     pub file: bool,
+    /// The file's device and inode, and where in it the mapping starts
+    /// (zeros for anonymous memory): the mappings of one loaded object
+    /// share the first two.
+    pub dev: (u32, u32),
+    pub inode: u64,
+    pub offset: u64,
     /// The kernel's name for an anonymous mapping: `[heap]`, `[stack]`, or
     /// empty.
     pub name: String,
@@ -58,6 +65,7 @@ impl Vma {
     /// manage. The main thread's stack is left to the caller's policy.
     pub fn is_private_anon_rw(&self) -> bool {
         self.readable
+            && self.writable
             && !self.shared
             && !self.file
             && (self.name.is_empty() || self.name == "[heap]" || self.is_stack())
@@ -65,6 +73,10 @@ impl Vma {
 
     pub fn is_stack(&self) -> bool {
         self.name == "[stack]"
+    }
+
+    fn same_file(&self, o: &Vma) -> bool {
+        self.file && o.file && self.dev == o.dev && self.inode == o.inode
     }
 }
 
@@ -78,11 +90,11 @@ fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
     Ok(zmem_common::fds::KeptFd::new(fd))
 }
 
-/// The process's writable mappings, in address order.
+/// The process's mappings, in address order.
 ///
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
-pub fn writable_vmas() -> Result<Vec<Vma>, Errno> {
+pub fn mappings() -> Result<Vec<Vma>, Errno> {
     let fd = open_maps()?;
     match query_all(&fd) {
         Ok(v) => Ok(v),
@@ -100,7 +112,7 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
     loop {
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_flags: QUERY_COVERING_OR_NEXT_VMA | QUERY_VMA_WRITABLE,
+            query_flags: QUERY_COVERING_OR_NEXT_VMA,
             query_addr: at,
             vma_name_size: name.len() as u32,
             vma_name_addr: name.as_mut_ptr() as u64,
@@ -128,11 +140,14 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
             start: q.vma_start.max(at),
             end: q.vma_end,
             readable: q.vma_flags & VMA_READABLE != 0,
+            writable: q.vma_flags & VMA_WRITABLE != 0,
             shared: q.vma_flags & VMA_SHARED != 0,
             file: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
+            dev: (q.dev_major, q.dev_minor),
+            inode: q.inode,
+            offset: q.vma_offset,
             name: String::from_utf8_lossy(&name[..n]).into_owned(),
         });
-        debug_assert!(q.vma_flags & VMA_WRITABLE != 0);
         at = q.vma_end;
     }
 }
@@ -167,11 +182,11 @@ pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
     }
 }
 
-/// The end of the writable mapping at or after `at`, asked without its name.
+/// The end of the mapping at or after `at`, asked without its name.
 fn next_after(fd: &OwnedFd, at: u64) -> Result<u64, Errno> {
     let mut q = ProcmapQuery {
         size: std::mem::size_of::<ProcmapQuery>() as u64,
-        query_flags: QUERY_COVERING_OR_NEXT_VMA | QUERY_VMA_WRITABLE,
+        query_flags: QUERY_COVERING_OR_NEXT_VMA,
         query_addr: at,
         ..ProcmapQuery::default()
     };
@@ -180,7 +195,7 @@ fn next_after(fd: &OwnedFd, at: u64) -> Result<u64, Errno> {
     Ok(q.vma_end)
 }
 
-/// The writable mappings in the text of `/proc/self/maps`.
+/// The mappings in the text of `/proc/self/maps`.
 ///
 /// # Errors
 /// EINVAL for a line that does not parse.
@@ -188,7 +203,7 @@ pub fn parse_maps(text: &str) -> Result<Vec<Vma>, Errno> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut f = line.split_ascii_whitespace();
-        let (Some(range), Some(perms), Some(_off), Some(dev), Some(inode)) =
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             return Err(Errno::INVAL);
@@ -197,20 +212,114 @@ pub fn parse_maps(text: &str) -> Result<Vec<Vma>, Errno> {
         let (a, b) = range.split_once('-').ok_or(Errno::INVAL)?;
         let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| Errno::INVAL);
         let p = perms.as_bytes();
-        if p.len() < 4 || p[1] != b'w' {
-            continue;
+        if p.len() < 4 {
+            return Err(Errno::INVAL);
         }
-        let file = inode != "0" || dev != "00:00";
+        let (major, minor) = dev.split_once(':').ok_or(Errno::INVAL)?;
+        let dev = (hex(major)? as u32, hex(minor)? as u32);
+        let inode = inode.parse::<u64>().map_err(|_| Errno::INVAL)?;
+        let file = inode != 0 || dev != (0, 0);
         out.push(Vma {
             start: hex(a)?,
             end: hex(b)?,
             readable: p[0] == b'r',
+            writable: p[1] == b'w',
             shared: p[3] == b's',
             file,
+            dev,
+            inode,
+            offset: hex(off)?,
             name: if file { String::new() } else { name },
         });
     }
     Ok(out)
+}
+
+/// What of an anonymous mapping is a loaded object's static data.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StaticData {
+    /// None of it: it does not follow a file's mapping, or the file is not
+    /// an ELF object (SBCL's core, mapped at the start of its 4 GiB
+    /// dynamic space).
+    None,
+    /// The object's .bss, `[a, b)`: the rest of the mapping is not.
+    Bss(u64, u64),
+    /// It follows an object's mapping whose headers could not be read: all
+    /// of it may be.
+    Unknown,
+}
+
+const ELF_HEADER: usize = 64;
+const PHDR: usize = 56;
+const PT_LOAD: u32 = 1;
+
+/// Which part of `vmas[i]` is the .bss of the ELF object mapped right
+/// before it: the zero-filled tail of a segment (`p_memsz` past
+/// `p_filesz`), which the loader maps anonymous after the segment's
+/// file-backed pages. The object's headers are read from its first
+/// mapping (the same file's, at offset 0), through `process_vm_readv`, so
+/// that an object unmapped meanwhile is an error rather than a fault.
+pub fn static_data(vmas: &[Vma], i: usize) -> StaticData {
+    let v = &vmas[i];
+    let Some(prev) = i.checked_sub(1).map(|j| &vmas[j]) else { return StaticData::None };
+    if !prev.file || prev.end != v.start {
+        return StaticData::None;
+    }
+    // The object's mappings lie together: walk down them to its first.
+    let mut head = None;
+    for m in vmas[..i].iter().rev().take_while(|m| m.same_file(prev)) {
+        if m.offset == 0 {
+            head = Some(m);
+        }
+    }
+    let Some(head) = head else { return StaticData::None };
+    let mut eh = [0u8; ELF_HEADER];
+    if !read_own(head.start, &mut eh) {
+        return StaticData::Unknown;
+    }
+    // 64-bit ELF, little-endian, as on every target zmem builds for.
+    if &eh[..4] != b"\x7fELF" {
+        return StaticData::None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(&eh, 32), u16_at(&eh, 54), u16_at(&eh, 56));
+    if eh[4] != 2 || eh[5] != 1 || phentsize != PHDR || phnum == 0 || phnum > 256 {
+        return StaticData::Unknown;
+    }
+    let mut ph = vec![0u8; phnum * PHDR];
+    if phoff + ph.len() as u64 > head.end - head.start || !read_own(head.start + phoff, &mut ph) {
+        return StaticData::Unknown;
+    }
+    let loads = ph.chunks_exact(PHDR).filter(|p| u32::from_le_bytes(p[..4].try_into().unwrap()) == PT_LOAD);
+    // (p_offset, p_vaddr, p_filesz, p_memsz)
+    let loads: Vec<_> = loads.map(|p| (u64_at(p, 8), u64_at(p, 16), u64_at(p, 32), u64_at(p, 40))).collect();
+    let page = crate::mapping::PAGE_SIZE as u64;
+    let down = |x: u64| x & !(page - 1);
+    let up = |x: u64| x.saturating_add(page - 1) & !(page - 1);
+    // The segment at file offset 0 is the one mapped at `head.start`.
+    let Some(&(_, first, _, _)) = loads.iter().find(|l| down(l.0) == 0) else { return StaticData::Unknown };
+    let base = head.start.wrapping_sub(down(first));
+    for &(_, vaddr, filesz, memsz) in &loads {
+        let at = base.wrapping_add(vaddr);
+        if memsz > filesz && up(at.wrapping_add(filesz)) == v.start {
+            return StaticData::Bss(v.start, up(at.wrapping_add(memsz)).min(v.end));
+        }
+    }
+    StaticData::None
+}
+
+/// Reads `buf.len()` bytes of this process's memory at `addr`; false if
+/// any of it is not mapped readable.
+fn read_own(addr: u64, buf: &mut [u8]) -> bool {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which
+    // is alive and exclusively borrowed across the call; the remote side is
+    // only read, and an unmapped address there is EFAULT, not a fault.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
 }
 
 #[cfg(test)]
@@ -221,7 +330,7 @@ mod tests {
     fn the_query_and_the_text_agree_on_a_fresh_mapping() {
         let m = crate::Mapping::new(3 << 20).unwrap();
         let (a, b) = (m.addr(), m.addr() + (3 << 20));
-        let q = writable_vmas().unwrap();
+        let q = mappings().unwrap();
         let t = parse_maps(&std::fs::read_to_string("/proc/self/maps").unwrap()).unwrap();
         for v in [&q, &t] {
             let hit = v.iter().find(|v| v.start <= a && b <= v.end).expect("the mapping is listed");
@@ -235,6 +344,68 @@ mod tests {
         assert!(q.windows(2).all(|w| w[0].end <= w[1].start), "in address order");
     }
 
+    /// 1 MiB of this test binary's .bss.
+    #[repr(align(4096))]
+    struct Big([u8; 1 << 20]);
+    static BSS: std::sync::Mutex<Big> = std::sync::Mutex::new(Big([0; 1 << 20]));
+
+    fn index_of(all: &[Vma], addr: u64) -> usize {
+        all.iter().position(|v| v.start <= addr && addr < v.end).expect("mapped")
+    }
+
+    #[test]
+    fn an_elf_objects_bss_is_static_data_and_what_follows_another_file_is_not() {
+        // This binary's .bss, as the loader mapped it.
+        let bss = { std::ptr::from_ref(&BSS.lock().unwrap().0) as u64 };
+        let all = mappings().unwrap();
+        let i = index_of(&all, bss);
+        assert!(!all[i].file && all[i - 1].file, "{:?}", &all[i - 1..=i]);
+        match static_data(&all, i) {
+            StaticData::Bss(a, b) => assert!(a == all[i].start && a <= bss && bss + (1 << 20) <= b, "{a:#x}..{b:#x}"),
+            other => panic!("{other:?} for {:?}", all[i]),
+        }
+        // A file mapped over the start of an anonymous reservation, as SBCL
+        // maps its core over its heap: the rest is the program's. Once a
+        // file that is not ELF, once an ELF file (this binary) whose
+        // segments do not end there.
+        let exe = std::env::current_exe().unwrap();
+        let dir = std::env::temp_dir().join(format!("zmem-vmas-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let core = dir.join("core");
+        std::fs::write(&core, vec![0x5au8; 64 << 10]).unwrap();
+        for path in [core.as_path(), exe.as_path()] {
+            let f = std::fs::File::open(path).unwrap();
+            let len = 1usize << 20;
+            // SAFETY: a fresh reservation at an address the kernel picks:
+            // it aliases nothing.
+            let r = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(r, libc::MAP_FAILED);
+            use std::os::fd::AsRawFd;
+            let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_FIXED);
+            // SAFETY: this test's file mapped over the first 64 KiB of the
+            // reservation above (MAP_FIXED over our own range), never read
+            // or written here; both are unmapped below.
+            assert_eq!(unsafe { libc::mmap(r, 64 << 10, prot, flags, f.as_raw_fd(), 0) }, r);
+            let base = r as u64;
+            let all = mappings().unwrap();
+            let i = index_of(&all, base + (64 << 10));
+            assert_eq!((all[i - 1].start, all[i - 1].offset, all[i].start), (base, 0, base + (64 << 10)));
+            assert_eq!(static_data(&all, i), StaticData::None, "{}", path.display());
+            // SAFETY: the mapping made above, no longer used.
+            assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn maps_lines_parse_into_their_fields() {
         let text = "7f00-8000 rw-p 00000000 00:00 0 \n\
@@ -242,10 +413,12 @@ mod tests {
                     9000-a000 rw-s 00000000 00:05 77 /dev/zero (deleted)\n\
                     a000-b000 rw-p 00000000 00:00 0 [stack]\n";
         let v = parse_maps(text).unwrap();
-        assert_eq!(v.len(), 3);
-        assert!(v[0].is_private_anon_rw());
-        assert!(v[1].shared && v[1].file && !v[1].is_private_anon_rw());
-        assert!(v[2].is_stack());
+        assert_eq!(v.len(), 4);
+        assert!(v[0].is_private_anon_rw() && v[0].writable);
+        assert!(v[1].file && !v[1].writable && !v[1].is_private_anon_rw());
+        assert_eq!((v[1].dev, v[1].inode, v[1].offset), ((8, 1), 1234, 0));
+        assert!(v[2].shared && v[2].file && !v[2].is_private_anon_rw());
+        assert!(v[3].is_stack());
         assert!(parse_maps("zz").is_err());
     }
 }

@@ -391,6 +391,42 @@ fn dropping_the_pager_gives_adopted_memory_back_whole() {
     assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
 }
 
+/// Memory that is executable too (SBCL's heap is read, write and execute)
+/// is evicted and loads back: UFFDIO_MOVE refuses to move pages between
+/// mappings whose protections differ (EINVAL), so reclaim moves them to an
+/// executable staging area. Plain memory beside it still uses the plain
+/// one. Before, such a folio could not move and stayed resident for good.
+#[test]
+fn executable_memory_is_evicted_through_an_executable_staging_area() {
+    let _wd = watchdog("adopt-exec", 60);
+    let len = 8 * MIB;
+    let (pager, plain, pages) = adopted_and_written(len);
+    let rwx = mmap(0, len);
+    let prot = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+    // SAFETY: the test's own fresh mapping, reached only through atomics.
+    assert_eq!(unsafe { libc::mprotect(rwx as *mut _, len, prot) }, 0);
+    assert_eq!(pager.adopt(rwx as u64, len).unwrap(), len);
+    for p in 0..pages {
+        write(rwx + p * PAGE_SIZE, p as u64 + 5);
+    }
+    let folios = (2 * len / PagerConfig::with_limit(4 * MIB).folio_size) as u64;
+    wait_evicted(&pager, folios / 2);
+    let s = pager.stats();
+    assert!(s.evicted_folios >= folios / 2, "{s:?}");
+    assert_eq!(s.unevictable_folios, 0, "every folio could move: {s:?}");
+    for round in 0..2 {
+        let bad: usize = (0..pages).map(|p| bad_words(rwx + p * PAGE_SIZE, p as u64 + 5)).sum();
+        let bad_plain: usize = (0..pages).map(|p| bad_words(plain + p * PAGE_SIZE, p as u64)).sum();
+        assert_eq!((bad, bad_plain), (0, 0), "round {round}");
+    }
+    assert!(pager.stats().load_faults > 0);
+    drop(pager);
+    for m in [plain, rwx] {
+        // SAFETY: the test's mappings, no longer used.
+        assert_eq!(unsafe { libc::munmap(m as *mut _, len) }, 0);
+    }
+}
+
 #[test]
 fn zmems_own_mappings_are_recorded_while_they_live() {
     use zmem_common::owned::{overlapping, Kind};

@@ -13,10 +13,14 @@
 //!   everything new once it called `mlockall` ([`Pager::stop_adopting`]);
 //! - what a region already covers;
 //! - shared, file-backed, device and hugetlb mappings (not anonymous);
-//! - the .bss of every loaded object (the anonymous mapping right after its
-//!   file-backed .data): the C library's and zmem's own statics live there,
-//!   and zmem's threads touch them (a fault there would be served by the
-//!   thread that took it);
+//! - the .bss of every loaded ELF object (the zero-filled end of its data
+//!   segment, which the loader maps anonymous right after the segment's
+//!   file-backed pages; `vmas::static_data` reads the object's program
+//!   headers for its extent): the C library's and zmem's own statics live
+//!   there, and zmem's threads touch them (a fault there would be served by
+//!   the thread that took it). An anonymous mapping after a file that is
+//!   not an ELF object is the program's: SBCL maps its core over the start
+//!   of its 4 GiB heap;
 //! - a tail shorter than a folio (regions are whole folios): registered
 //!   with the region, so that the kernel keeps the mapping one VMA (an
 //!   mremap across VMAs fails), but never evicted.
@@ -52,7 +56,7 @@ use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
 use crate::mapping::PAGE_SIZE;
 use crate::pagemap::PageMap;
-use crate::vmas;
+use crate::vmas::{self, StaticData};
 
 /// Pages read from `/proc/self/pagemap` per `pread`.
 const PAGEMAP_CHUNK: usize = 4096;
@@ -153,20 +157,23 @@ impl Inner {
         inc(&self.counters.mapping_scans);
         // No thread is between its stack's mmap and its record meanwhile.
         let _spawns = owned::scan_lock();
-        let vmas = vmas::writable_vmas().map_err(PagerError::Map)?;
+        let vmas = vmas::mappings().map_err(PagerError::Map)?;
         let covered = self.covered();
         let mut adopted = 0;
         for (i, v) in vmas.iter().enumerate() {
             if !v.is_private_anon_rw() || (v.is_stack() && !cfg.stacks) {
                 continue;
             }
-            // An object's .bss: anonymous, right after its file-backed
-            // .data. Its static data is never managed: the C library's and
-            // zmem's own are there, and zmem's threads use both.
-            if i > 0 && vmas[i - 1].file && vmas[i - 1].end == v.start {
-                continue;
-            }
             let mut pieces = vec![(v.start, v.end)];
+            // An object's .bss, anonymous right after its file-backed data,
+            // is never managed: the C library's and zmem's own statics are
+            // there, and zmem's threads use both. What follows another
+            // file's mapping is the program's (SBCL's heap after its core).
+            match vmas::static_data(&vmas, i) {
+                StaticData::None => {}
+                StaticData::Bss(a, b) => subtract(&mut pieces, a, b),
+                StaticData::Unknown => continue,
+            }
             for (a, b, kind) in owned::overlapping(v.start, v.end) {
                 // A cached stack no mapping holds whole any more was
                 // unmapped (by the C library, which does not tell us): what

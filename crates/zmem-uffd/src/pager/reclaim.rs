@@ -502,14 +502,20 @@ impl Inner {
         st: &RegionState,
         f: usize,
         k: usize,
-        staging: &Staging,
+        staging: &mut Staging,
         slot: usize,
         swapped: &[u64],
     ) -> Vec<Moved> {
         let fs = self.cfg.folio_size as u64;
         let ppf = fs as usize / PAGE_SIZE;
         let span = fs * k as u64;
-        let dst = staging.slot_addr(slot);
+        let exec = st.exec.load(Ordering::Relaxed);
+        if !staging.place(&self.uffd, self.register_mode(), slot, k, exec) {
+            staging.place(&self.uffd, self.register_mode(), slot, k, false);
+        }
+        let mut dst = staging.slot_addr(slot);
+        // The slots' home was switched once (see below).
+        let mut switched = false;
         let mut present = vec![false; k * ppf];
         // Pages whose MOVE failed with an error other than EAGAIN, and
         // which of them failed because they are shared (EBUSY).
@@ -564,6 +570,19 @@ impl Inner {
                     std::thread::sleep(Duration::from_micros(20));
                     events = self.events.read_ok();
                     holes = st.holes_in(f * ppf, k * ppf);
+                }
+                // The two mappings' protections differ (one is executable,
+                // the other not): before anything moved, the slots move to
+                // the other home and the run is tried again there.
+                Err(UffdError::Ioctl { errno: rustix::io::Errno::INVAL, .. })
+                    if !switched && !present.contains(&true) && !failed.contains(&true) =>
+                {
+                    switched = true;
+                    let other = !staging.is_exec(slot);
+                    if staging.place(&self.uffd, self.register_mode(), slot, k, other) {
+                        st.exec.store(other, Ordering::Relaxed);
+                        dst = staging.slot_addr(slot);
+                    }
                 }
                 // A page that cannot move (mlocked, shared, pinned) stays;
                 // or one that moved uncounted (EEXIST), found below.

@@ -34,6 +34,10 @@ pub(super) struct RegionState {
     /// `adopt.rs`). It is the program's to unmap; the pager forgets the
     /// region once all of it is unmapped.
     pub(super) adopted: bool,
+    /// Its mapping is executable too (SBCL's heap), so reclaim MOVEs its
+    /// pages into the executable staging slots (`staging.rs`). Learned
+    /// from the first MOVE the plain slots refused.
+    pub(super) exec: AtomicBool,
     pub(super) len: usize,
     pub(super) state: Box<[AtomicU8]>,
     pub(super) referenced: Box<[AtomicBool]>,
@@ -386,6 +390,7 @@ impl Inner {
             key_base: key_base.unwrap_or(u64::from(id) << 40),
             start: AtomicU64::new(addr),
             adopted: mapping.is_none(),
+            exec: AtomicBool::new(false),
             mapping: Mutex::new(mapping),
             unmapped: Mutex::new(Vec::new()),
             moved: Mutex::new(Vec::new()),

@@ -4,6 +4,13 @@
 //! of which of its pages MOVE filled: only those may be read, because a
 //! hole in a registered range is a MISSING fault that the handler must
 //! serve, and reclaim may hold a lock the handler waits for.
+//!
+//! `UFFDIO_MOVE` also wants both mappings' protections equal (EINVAL
+//! otherwise), and some programs' memory is executable too: SBCL's whole
+//! heap is read, write and execute. So the slots have a second home, the
+//! same size and also executable, mapped at the first such region's
+//! eviction; each span of slots is placed in one or the other
+//! ([`Staging::place`]).
 
 use crate::mapping::{Mapping, PAGE_SIZE};
 use crate::pagemap::{PageMap, SharedPages};
@@ -12,6 +19,12 @@ use crate::sys::{RegisterMode, Uffd, UffdError};
 #[derive(Debug)]
 pub(super) struct Staging {
     map: Mapping,
+    /// The executable twin of `map`, once a region needed it.
+    exec: Option<Mapping>,
+    /// Slot `s` is in `exec` since the last `free`.
+    in_exec: Vec<bool>,
+    /// `exec` could not be made: it is not tried again.
+    exec_refused: bool,
     folio: usize,
     /// Page `i` of the area was filled by MOVE since the last `free`.
     filled: Vec<bool>,
@@ -33,7 +46,56 @@ impl Staging {
         map.dont_fork().map_err(super::PagerError::Map)?;
         uffd.register(map.addr(), map.len() as u64, mode)?;
         let pagemap = PageMap::open().map_err(|e| log::warn!("{e}: reclaim trusts UFFDIO_MOVE's byte counts")).ok();
-        Ok(Staging { filled: vec![false; map.len() / PAGE_SIZE], map, folio, pagemap })
+        Ok(Staging {
+            filled: vec![false; map.len() / PAGE_SIZE],
+            in_exec: vec![false; slots],
+            exec: None,
+            exec_refused: false,
+            map,
+            folio,
+            pagemap,
+        })
+    }
+
+    /// Puts slots `[slot, slot + n)` in the executable twin (`exec`) or in
+    /// the plain area, for the next MOVEs into them; maps and registers
+    /// the twin the first time. False where the twin cannot be made (a
+    /// policy that forbids writable executable memory): the slots stay
+    /// where they were.
+    pub(super) fn place(&mut self, uffd: &Uffd, mode: RegisterMode, slot: usize, n: usize, exec: bool) -> bool {
+        if exec && self.exec.is_none() {
+            if self.exec_refused {
+                return false;
+            }
+            let made = Mapping::new(self.map.len()).and_then(|m| {
+                m.dont_fork()?;
+                m.make_executable()?;
+                Ok(m)
+            });
+            let registered =
+                made.map_err(|e| e.to_string()).and_then(|m| match uffd.register(m.addr(), m.len() as u64, mode) {
+                    Ok(_) => Ok(m),
+                    Err(e) => Err(e.to_string()),
+                });
+            match registered {
+                Ok(m) => self.exec = Some(m),
+                Err(e) => {
+                    self.exec_refused = true;
+                    log::warn!("an executable staging area cannot be made ({e}): executable memory stays resident");
+                    return false;
+                }
+            }
+        }
+        debug_assert!(self.filled[slot * self.folio / PAGE_SIZE..(slot + n) * self.folio / PAGE_SIZE]
+            .iter()
+            .all(|&x| !x));
+        self.in_exec[slot..slot + n].fill(exec);
+        true
+    }
+
+    /// Whether slot `slot` is in the executable twin.
+    pub(super) fn is_exec(&self, slot: usize) -> bool {
+        self.in_exec[slot]
     }
 
     /// Which of the `n` pages from `addr` (anywhere) hold a page now, or
@@ -57,7 +119,11 @@ impl Staging {
 
     /// Where slot `slot` starts.
     pub(super) fn slot_addr(&self, slot: usize) -> u64 {
-        self.map.addr() + (slot * self.folio) as u64
+        let map = match &self.exec {
+            Some(x) if self.in_exec[slot] => x,
+            _ => &self.map,
+        };
+        map.addr() + (slot * self.folio) as u64
     }
 
     /// Records the pages of `slot` that MOVE filled.
@@ -93,16 +159,23 @@ impl Staging {
     /// # Errors
     /// Registering the area again failed: reclaim cannot go on.
     pub(super) fn free(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
-        let (a, l) = (self.map.addr(), self.map.len() as u64);
-        let _ = uffd.unregister(a, l);
-        let _ = self.map.dontneed(0, self.map.len());
+        let used_exec = self.in_exec.contains(&true);
+        for m in std::iter::once(&self.map).chain(self.exec.as_ref().filter(|_| used_exec)) {
+            let (a, l) = (m.addr(), m.len() as u64);
+            let _ = uffd.unregister(a, l);
+            let _ = m.dontneed(0, m.len());
+            uffd.register(a, l, mode)?;
+        }
         self.filled.fill(false);
-        uffd.register(a, l, mode).map(|_| ())
+        self.in_exec.fill(false);
+        Ok(())
     }
 
     /// Unregisters the area (before it is unmapped at the pager's end: an
     /// UNMAP event would wait for a handler that may be gone).
     pub(super) fn unregister(&self, uffd: &Uffd) {
-        let _ = uffd.unregister(self.map.addr(), self.map.len() as u64);
+        for m in std::iter::once(&self.map).chain(&self.exec) {
+            let _ = uffd.unregister(m.addr(), m.len() as u64);
+        }
     }
 }
