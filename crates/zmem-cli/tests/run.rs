@@ -1824,6 +1824,63 @@ print("numpy ok")
     run_managed("numpy", "32M", &[py, "-c", script], "numpy ok", 240);
 }
 
+/// A child started with an environment its parent made (Python's
+/// `subprocess.run(env=...)`, through vfork and execve; `env -i` and `env
+/// LD_PRELOAD=...`, through execvp; `os.posix_spawn`) keeps the shim and
+/// the tree's settings, so it stays under the tree's limit, as a child of
+/// a process in a memory cgroup stays in the cgroup. Before, each such
+/// child ran unmanaged, 160 MiB under a 64M limit. A child given
+/// `ZMEM_DISABLE` is let go.
+#[test]
+fn a_child_with_an_environment_of_its_parents_making_stays_under_the_limit() {
+    let jemalloc = jemalloc();
+    let jemalloc = jemalloc.to_str().unwrap();
+    let script = r#"
+import os, subprocess, sys
+child = r"""
+import os, re, sys
+blocks = []
+for i in range(160):
+    seed = os.urandom(64)
+    blocks.append((seed, bytearray(seed) * (1 << 14)))
+ok = all(b == bytearray(s) * (1 << 14) for s, b in blocks)
+rss = int(re.search(r'VmRSS:\s+(\d+)', open('/proc/self/status').read()).group(1)) >> 10
+pre = os.environ.get('LD_PRELOAD', '').split()
+print('child', sys.argv[1], 'ok', ok, 'rss', rss, 'shim', bool(pre) and pre[0].endswith('libzmem_preload.so'),
+      'others', ' '.join(pre[1:]) or '-', 'tree', 'ZMEM_TREE' in os.environ, flush=True)
+"""
+py = sys.executable
+subprocess.run([py, "-c", child, "subprocess-env"], env={"PATH": "/usr/bin:/bin"}, check=True)
+subprocess.run(["env", "-i", py, "-c", child, "env-i"], check=True)
+subprocess.run(["env", "LD_PRELOAD=" + sys.argv[1], py, "-c", child, "env-preload"], check=True)
+pid = os.posix_spawn(py, [py, "-c", child, "posix_spawn"], {"PATH": "/usr/bin"})
+assert os.waitpid(pid, 0)[1] == 0
+subprocess.run([py, "-c", child, "disabled"], env={"ZMEM_DISABLE": "1"}, check=True)
+print("parent done")
+"#;
+    let o = run_checked("exec-env", "64M", &["python3", "-c", script, jemalloc], &[], "parent done", 240);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let child = |label: &str| -> Vec<String> {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("child {label} ")))
+            .unwrap_or_else(|| panic!("{label}: {}", text(&o)));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    // child LABEL ok X rss N shim X others X tree X
+    for label in ["subprocess-env", "env-i", "env-preload", "posix_spawn"] {
+        let f = child(label);
+        let rss: u64 = f[5].parse().unwrap();
+        assert_eq!((f[3].as_str(), f[7].as_str(), f[11].as_str()), ("True", "True", "True"), "{label}: {}", text(&o));
+        assert!(rss < 100, "{label}: {rss} MiB resident under a 64M limit; {}", text(&o));
+    }
+    assert_eq!(child("env-preload")[9], jemalloc, "the program's own preload is kept, after the shim");
+    let off = child("disabled");
+    let rss: u64 = off[5].parse().unwrap();
+    assert_eq!((off[3].as_str(), off[7].as_str(), off[11].as_str()), ("True", "False", "False"), "{}", text(&o));
+    assert!(rss > 150, "ZMEM_DISABLE lets the child go: {rss} MiB; {}", text(&o));
+}
+
 /// SBCL (Debian's) reserves its heap as one mapping, read, write and
 /// execute, and maps its core file over the start of it: the anonymous
 /// rest, right after a file's mapping, looked like an object's .bss and

@@ -168,6 +168,7 @@ extern "C" fn after_fork_in_child() {
 static START: extern "C" fn() = start_at_load;
 
 extern "C" fn start_at_load() {
+    guarded(crate::exec::prepare);
     let _ = shim();
 }
 

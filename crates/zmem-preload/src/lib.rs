@@ -56,6 +56,7 @@
 #![recursion_limit = "256"]
 
 mod capi;
+mod exec;
 mod fds;
 mod guard;
 mod heap;
