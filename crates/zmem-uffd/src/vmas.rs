@@ -16,6 +16,7 @@ pub const PROCMAP_QUERY: Opcode = 0xC068_6611;
 const QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 const VMA_READABLE: u64 = 0x01;
 const VMA_WRITABLE: u64 = 0x02;
+const VMA_EXECUTABLE: u64 = 0x04;
 const VMA_SHARED: u64 = 0x08;
 
 /// `struct procmap_query`.
@@ -180,6 +181,17 @@ pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether the mapping that covers `addr` is executable; `None` where
+/// nothing is mapped there or `PROCMAP_QUERY` cannot answer.
+pub fn executable(addr: u64) -> Option<bool> {
+    let fd = open_maps().ok()?;
+    let mut q =
+        ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
+    // SAFETY: as in query_all, with no name and no build id asked for.
+    unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) }.ok()?;
+    Some(q.vma_flags & VMA_EXECUTABLE != 0)
 }
 
 /// The end of the mapping at or after `at`, asked without its name.

@@ -571,11 +571,19 @@ impl Inner {
                     events = self.events.read_ok();
                     holes = st.holes_in(f * ppf, k * ppf);
                 }
-                // The two mappings' protections differ (one is executable,
-                // the other not): before anything moved, the slots move to
-                // the other home and the run is tried again there.
+                // The two mappings' protections differ: the region's is
+                // executable and the slots' home is not, or the other way
+                // round (an EINVAL for another reason, a span across two
+                // mappings, is a failure as below). Before anything moved
+                // (the slots' page tables say so: a failed MOVE's count is
+                // not the last word), the slots move to the other home and
+                // the run is tried again there.
                 Err(UffdError::Ioctl { errno: rustix::io::Errno::INVAL, .. })
-                    if !switched && !present.contains(&true) && !failed.contains(&true) =>
+                    if !switched
+                        && !present.contains(&true)
+                        && !failed.contains(&true)
+                        && crate::vmas::executable(src + off).is_some_and(|x| x != staging.is_exec(slot))
+                        && staging.occupied(slot, k).is_none_or(|o| !o.contains(&true)) =>
                 {
                     switched = true;
                     let other = !staging.is_exec(slot);
