@@ -41,7 +41,8 @@ extern "C" {
 /// What [`prepare`] found: the shim's path and the variables to carry, and
 /// the C library's own functions that the wrappers call on to.
 struct Carry {
-    /// The shim's path, as the dynamic loader loaded it.
+    /// The shim's path, as the dynamic loader loaded it; empty where
+    /// nothing is carried (the shim is disabled here).
     shim: CString,
     /// `LD_PRELOAD=` and the shim's path.
     preload: CString,
@@ -53,7 +54,7 @@ struct Carry {
     posix_spawnp: usize,
 }
 
-static CARRY: OnceLock<Option<Carry>> = OnceLock::new();
+static CARRY: OnceLock<Carry> = OnceLock::new();
 
 /// Pointers the new environment may have on the stack (it needs one more
 /// than its variables).
@@ -97,26 +98,15 @@ pub(crate) fn prepare() {
                 CString::new(s).ok()
             })
             .collect();
+        // Disabled: nothing carried (an empty `shim`), but the C library's
+        // functions are still what the wrappers call.
         let disabled = zmem_settings::Settings::from_env().is_ok_and(|s| s.disable);
-        let shim = shim.filter(|_| !disabled);
-        let preload = shim.as_ref().and_then(|s| {
-            let mut p = b"LD_PRELOAD=".to_vec();
-            p.extend_from_slice(s.as_bytes());
-            CString::new(p).ok()
-        });
-        match (shim, preload) {
-            (Some(shim), Some(preload)) => Some(Carry { shim, preload, vars, execvpe, posix_spawn, posix_spawnp }),
-            // Disabled: nothing carried, but the C library's functions
-            // are still what the wrappers call.
-            _ => Some(Carry {
-                shim: CString::default(),
-                preload: CString::default(),
-                vars: Vec::new(),
-                execvpe,
-                posix_spawn,
-                posix_spawnp,
-            }),
-        }
+        let shim = shim.filter(|_| !disabled).unwrap_or_default();
+        let mut preload = b"LD_PRELOAD=".to_vec();
+        preload.extend_from_slice(shim.as_bytes());
+        let vars = if shim.is_empty() { Vec::new() } else { vars };
+        // No NUL inside: `shim` came from a C string.
+        Carry { preload: CString::new(preload).unwrap_or_default(), shim, vars, execvpe, posix_spawn, posix_spawnp }
     });
 }
 
@@ -126,7 +116,7 @@ fn carry() -> Option<&'static Carry> {
         // the parent (a vfork child runs after every constructor).
         crate::guard::guarded(prepare);
     }
-    CARRY.get().and_then(Option::as_ref)
+    CARRY.get()
 }
 
 /// The name part of `KEY=value` (all of it where there is no `=`).
