@@ -213,6 +213,8 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "stray_faults": p.stray_faults,
             "dropped_page_faults": p.dropped_page_faults,
             "move_recounts": p.move_recounts,
+            "handler_follows": p.handler_follows,
+            "handler_releases": p.handler_releases,
             "fork_loads": p.fork_loads,
             "fork_handovers": p.fork_handovers,
             "fork_child_faults": p.fork_child_faults,

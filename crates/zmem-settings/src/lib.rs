@@ -17,6 +17,7 @@
 //! | `ZMEM_FORK_EVENT` | `0` | `1`: a fork loads nothing back; the child takes its evicted pages over from its parent (the limit holds across fork, but a fork costs a copy of the evicted set) |
 //! | `ZMEM_SHOW_LIMIT` | `0` | `1`: the program sees the limit as its machine's memory (`sysconf(_SC_PHYS_PAGES)`, `_SC_AVPHYS_PAGES`, `sysinfo`), as a program in a memory cgroup sees the cgroup's limit |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
+//! | `ZMEM_HANDLER_FOLLOW` | `1` | `0`: the fault handler never pins itself to the CPU of the thread that takes most of its faults |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
 //! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
@@ -51,6 +52,8 @@ pub struct Settings {
     /// Scan the address space and adopt the program's mappings.
     pub adopt: bool,
     pub stacks: bool,
+    /// `PagerConfig::handler_follow`.
+    pub handler_follow: bool,
     /// A forked child takes its evicted pages over from its parent
     /// (`UFFD_FEATURE_EVENT_FORK`); off (the default): a fork loads them
     /// back first.
@@ -157,6 +160,7 @@ impl Default for Settings {
             threshold: Settings::DEFAULT_THRESHOLD,
             adopt: true,
             stacks: false,
+            handler_follow: true,
             fork_event: false,
             show_limit: false,
             scan_interval: Duration::from_millis(100),
@@ -204,6 +208,7 @@ impl Settings {
                 "ZMEM_THRESHOLD" => s.threshold = size(v)?,
                 "ZMEM_ADOPT" => s.adopt = parse_bool(k, v)?,
                 "ZMEM_STACKS" => s.stacks = parse_bool(k, v)?,
+                "ZMEM_HANDLER_FOLLOW" => s.handler_follow = parse_bool(k, v)?,
                 "ZMEM_FORK_EVENT" => s.fork_event = parse_bool(k, v)?,
                 "ZMEM_SHOW_LIMIT" => s.show_limit = parse_bool(k, v)?,
                 "ZMEM_SCAN_MS" => {
@@ -298,6 +303,7 @@ impl Settings {
         });
         cfg.tree = self.tree.clone();
         cfg.fork_event = self.fork_event;
+        cfg.handler_follow = self.handler_follow;
         cfg
     }
 }

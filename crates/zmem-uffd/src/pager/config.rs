@@ -59,6 +59,10 @@ pub struct PagerConfig {
     pub handler_spin_hot: Duration,
     /// CPUs the handler threads are pinned to, round-robin; empty: no pinning.
     pub handler_cpus: Vec<usize>,
+    /// Where `handler_cpus` is empty: a handler pins itself to the CPU of
+    /// the thread that takes most of its faults, and lets go when no thread
+    /// does (see `pager/follow.rs`).
+    pub handler_follow: bool,
     /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
     /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
     /// referenced only when it is faulted in.
@@ -199,6 +203,7 @@ impl PagerConfig {
             handler_spin: Duration::ZERO,
             handler_spin_hot: Duration::from_micros(100),
             handler_cpus: Vec::new(),
+            handler_follow: true,
             track_writes: true,
             keep_on_fork: false,
             fork_event: false,

@@ -322,6 +322,7 @@ impl Inner {
         let mut ra = ReadAhead::default();
         let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
         let mut spin = super::spin::Spin::new(self.cfg.handler_spin, self.cfg.handler_spin_hot, Instant::now());
+        let mut follow = super::follow::Follow::new(cpu.is_none() && self.cfg.handler_follow, Instant::now());
         // Read into without allocating: fork waits for its event to be read
         // while the forking thread holds the allocator's locks.
         let mut events: Vec<Event> = Vec::with_capacity(64);
@@ -341,7 +342,9 @@ impl Inner {
             }
             // Busy-poll (non-blocking reads) a while (`spin.rs`), then
             // block in poll(2).
-            let spinning = idle && spin.spinning(Instant::now());
+            // Not beside the program: its CPU is the one a spin would take,
+            // and a wake-up there is cheap (`follow.rs`).
+            let spinning = idle && follow.pinned().is_none() && spin.spinning(Instant::now());
             if !spinning && carry.is_empty() {
                 // Before it blocks: a TLS vector glibc moved meanwhile is
                 // locked before reclaim can evict it (`zmem_common::tls`).
@@ -406,7 +409,10 @@ impl Inner {
             }
             for ev in events.drain(..) {
                 match ev {
-                    Event::PageFault { addr, write, .. } => pending.push_back((addr, write)),
+                    Event::PageFault { addr, write, thread_id, .. } => {
+                        follow.fault(thread_id);
+                        pending.push_back((addr, write));
+                    }
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
                         let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
                         self.drop_range(&regions, start, end);
@@ -442,7 +448,9 @@ impl Inner {
                 }
             }
             if had > 0 && pending.is_empty() {
-                spin.went_idle(Instant::now());
+                let now = Instant::now();
+                spin.went_idle(now);
+                follow.tick(now, (&self.counters.handler_follows, &self.counters.handler_releases));
             }
         }
     }

@@ -107,6 +107,7 @@ mod codec;
 mod config;
 mod events;
 mod fault;
+mod follow;
 mod fork;
 mod handover;
 mod lru;
@@ -360,6 +361,9 @@ impl Pager {
         }
         if cfg.fork_event {
             want = want | Features::EVENT_FORK;
+        }
+        if offered.contains(Features::THREAD_ID) {
+            want = want | Features::THREAD_ID; // for `follow.rs`
         }
         let poison = offered.contains(Features::POISON);
         if poison {

@@ -53,6 +53,11 @@ pub struct PagerStats {
     /// the staging slot's page tables were believed instead (a Linux 6.18
     /// bug; see `move_span`).
     pub move_recounts: u64,
+    /// Times a handler pinned itself to the CPU of the thread that took
+    /// most of its faults (`PagerConfig::handler_follow`), and times it let
+    /// the scheduler place it again.
+    pub handler_follows: u64,
+    pub handler_releases: u64,
     /// Folios loaded back before a fork, so that the child's copy is whole.
     pub fork_loads: u64,
     /// Forked children handed their memory (`fork_event`), faults of theirs
@@ -161,6 +166,8 @@ pub(super) struct Counters {
     pub(super) unevictable_folios: AtomicU64,
     pub(super) poisoned_pages: AtomicU64,
     pub(super) move_recounts: AtomicU64,
+    pub(super) handler_follows: AtomicU64,
+    pub(super) handler_releases: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) fork_handovers: AtomicU64,
     pub(super) fork_child_faults: AtomicU64,
@@ -230,6 +237,8 @@ impl Pager {
             walk_load_faults: r(&c.walk_load_faults),
             poisoned_pages: r(&c.poisoned_pages),
             move_recounts: r(&c.move_recounts),
+            handler_follows: r(&c.handler_follows),
+            handler_releases: r(&c.handler_releases),
             fork_loads: r(&c.fork_loads),
             fork_handovers: r(&c.fork_handovers),
             fork_child_faults: r(&c.fork_child_faults),
