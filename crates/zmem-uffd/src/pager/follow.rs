@@ -17,13 +17,13 @@
 //! faults changes nothing.
 
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::thread::CpuSet;
+use zmem_common::fds::KeptFd;
 
 /// How often the handler looks at whom it serves.
 const WINDOW: Duration = Duration::from_millis(4);
@@ -47,7 +47,7 @@ pub(super) struct Follow {
     /// The stat file of the thread followed last, kept open (and kept from
     /// the program's `close`, see `zmem_common::fds`): opened once per
     /// thread, not once per window.
-    stat: Option<(u32, OwnedFd)>,
+    stat: Option<(u32, KeptFd)>,
 }
 
 impl Follow {
@@ -139,38 +139,25 @@ impl Follow {
     /// is gone or its stat cannot be read.
     fn cpu_of(&mut self, tid: u32) -> Option<usize> {
         if self.stat.as_ref().is_none_or(|(t, _)| *t != tid) {
-            self.close_stat();
+            self.stat = None;
             // No allocation: the handler may run while a forking thread
             // holds the allocator's locks.
             let mut path = [0u8; 48];
             let n = task_stat_path(tid, &mut path);
             let path = CStr::from_bytes_with_nul(&path[..n]).ok()?;
             let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
-            zmem_common::fds::keep(fd.as_raw_fd());
-            self.stat = Some((tid, fd));
+            self.stat = Some((tid, KeptFd::new(fd)));
         }
         let (_, fd) = self.stat.as_ref()?;
         let mut buf = [0u8; 1024];
-        let n = match rustix::io::pread(fd, &mut buf, 0) {
+        let n = match rustix::io::pread(&**fd, &mut buf, 0) {
             Ok(n) if n > 0 => n,
             _ => {
-                self.close_stat();
+                self.stat = None;
                 return None;
             }
         };
         processor(&buf[..n])
-    }
-
-    fn close_stat(&mut self) {
-        if let Some((_, fd)) = self.stat.take() {
-            zmem_common::fds::forget(fd.as_raw_fd());
-        }
-    }
-}
-
-impl Drop for Follow {
-    fn drop(&mut self) {
-        self.close_stat();
     }
 }
 
