@@ -17,9 +17,8 @@
 //! faults changes nothing.
 
 use std::ffi::CStr;
-use std::time::{Duration, Instant};
-
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::thread::CpuSet;
