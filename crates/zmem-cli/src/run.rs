@@ -68,10 +68,11 @@ pub struct Args {
     #[arg(long)]
     fork_event: bool,
     /// The program sees the limit as its machine's memory (sysconf's
-    /// _SC_PHYS_PAGES and _SC_AVPHYS_PAGES, sysinfo), as a program in a
-    /// memory cgroup sees the cgroup's limit: runtimes that size themselves
-    /// from it (DuckDB, the JVM's default heap) size themselves to the limit
-    /// rather than page through it (ZMEM_SHOW_LIMIT=1).
+    /// _SC_PHYS_PAGES and _SC_AVPHYS_PAGES, sysinfo, /proc/meminfo), as a
+    /// program in a memory cgroup sees the cgroup's limit: runtimes that
+    /// size themselves from it (DuckDB, the JVM's default heap, Node's V8
+    /// heap) size themselves to the limit rather than page through it
+    /// (ZMEM_SHOW_LIMIT=1).
     #[arg(long)]
     show_limit: bool,
     /// The program and its arguments.

@@ -1301,8 +1301,9 @@ fn bad_flags_and_variables_are_errors_before_the_program_starts() {
 
 /// With `--show-limit` the program sees the limit as its machine's memory,
 /// as one in a memory cgroup sees the cgroup's: Python's `os.sysconf`, a C
-/// program's `sysinfo` and `get_phys_pages`, and the JVM, which takes a
-/// quarter of it for its default heap. Without it,
+/// program's `sysinfo`, `get_phys_pages` and `/proc/meminfo` (through
+/// `fopen` and `open`), Node's heap, sized from `/proc/meminfo`, and the
+/// JVM, which takes a quarter of it for its default heap. Without it,
 /// the machine's own, and a bad `ZMEM_SHOW_LIMIT` is refused up front.
 #[test]
 fn with_show_limit_the_program_sees_the_limit_as_its_memory() {
@@ -1325,11 +1326,54 @@ fn with_show_limit_the_program_sees_the_limit_as_its_memory() {
     assert!(machine > 64 << 20, "without the flag, the machine's memory: {}", text(&o));
 
     let exe = compile_c("sysmem");
-    let o = zmem(&["run", "--limit", "64M", "--show-limit", "--", exe.to_str().unwrap()], &[], 60);
+    let c_figures = |args: &[&str]| -> Vec<u64> {
+        let mut a = args.to_vec();
+        a.extend(["--", exe.to_str().unwrap()]);
+        let o = zmem(&a, &[], 60);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let w: Vec<u64> = out.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        assert_eq!(w.len(), 5, "{}", text(&o));
+        w
+    };
+    // sysinfo, get_phys_pages, and /proc/meminfo through fopen and open.
+    let w = c_figures(&["run", "--limit", "64M", "--show-limit"]);
+    assert!(w[0] == 64 << 20 && w[1] <= w[0] && w[2] == 64 << 20, "sysinfo: {w:?}");
+    assert!(w[3] == 64 << 20 && w[4] == 64 << 20, "/proc/meminfo: {w:?}");
+    let w = c_figures(&["run", "--limit", "64M"]);
+    assert!(w[3] > 64 << 20 && w[3] == w[4], "without the flag, the machine's /proc/meminfo: {w:?}");
+
+    // /proc/meminfo read whole by Python: the limit, what is left of it,
+    // the page cache not the tree's, every other line the machine's.
+    let py = "import re; t = open('/proc/meminfo').read(); \
+              f = {k: int(v) for k, v in re.findall(r'^(\\w+):\\s+(\\d+)', t, re.M)}; \
+              print(f['MemTotal'], f['MemFree'], f['MemAvailable'], f['Cached'], 'SwapTotal' in f)";
+    let o = zmem(&["run", "--limit", "64M", "--show-limit", "--", "python3", "-c", py], &[], 60);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let w: Vec<u64> = out.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    assert!(w.len() == 3 && w[0] == 64 << 20 && w[1] <= w[0] && w[2] == 64 << 20, "sysinfo: {}", text(&o));
+    let w: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(w.len(), 5, "{}", text(&o));
+    let kb = |i: usize| -> u64 { w[i].parse().unwrap() };
+    assert!(kb(0) == 64 << 10 && kb(1) <= kb(0) && kb(1) > 0 && kb(2) == kb(1) && kb(3) == 0, "{}", text(&o));
+    assert_eq!(w[4], "True", "the other lines are kept: {}", text(&o));
+
+    // Node sizes its V8 heap from /proc/meminfo (libuv's
+    // uv_get_total_memory): with the flag, to the limit.
+    let node = |args: &[&str]| -> (u64, u64) {
+        let mut a = args.to_vec();
+        let js = "console.log(require('os').totalmem(), require('v8').getHeapStatistics().heap_size_limit)";
+        a.extend(["--", "node", "-e", js]);
+        let o = zmem(&a, &[], 120);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let w: Vec<u64> = out.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        assert_eq!(w.len(), 2, "{}", text(&o));
+        (w[0], w[1])
+    };
+    let (total, heap) = node(&["run", "--limit", "256M", "--show-limit"]);
+    let (machine, machine_heap) = node(&["run", "--limit", "256M"]);
+    assert_eq!(total, 256 << 20);
+    assert!(machine > 256 << 20 && heap < machine_heap, "node: {total} {heap} against {machine} {machine_heap}");
 
     let heap = |args: &[&str]| -> u64 {
         let mut a = args.to_vec();

@@ -62,6 +62,7 @@ mod guard;
 mod heap;
 mod init;
 mod malloc;
+mod meminfo;
 mod mmap;
 mod next;
 mod stats;

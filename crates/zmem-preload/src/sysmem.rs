@@ -6,7 +6,8 @@
 //! size themselves to its limit; under zmem, without this, to the whole
 //! machine, and then page through the limit. Interposed: `sysconf`
 //! (`_SC_PHYS_PAGES`, `_SC_AVPHYS_PAGES`; every other name passes through
-//! untouched), `get_phys_pages`, `get_avphys_pages` and `sysinfo`.
+//! untouched), `get_phys_pages`, `get_avphys_pages` and `sysinfo`; the same
+//! figures in `/proc/meminfo` are `meminfo.rs`'s.
 //!
 //! The limit is the process tree's once the shim runs (what is left of it:
 //! the tree's limit less its usage, for the available pages), and
@@ -34,7 +35,7 @@ fn shown_limit() -> Option<u64> {
 }
 
 /// (limit, available) in bytes, if the program is to see the limit.
-fn limit_and_free() -> Option<(u64, u64)> {
+pub(crate) fn limit_and_free() -> Option<(u64, u64)> {
     let limit = shown_limit()?;
     let tree = crate::init::current().and_then(|s| s.pager.tree());
     Some(match tree {

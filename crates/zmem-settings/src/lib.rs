@@ -59,7 +59,7 @@ pub struct Settings {
     /// back first.
     pub fork_event: bool,
     /// The program sees the limit as its machine's memory (the shim's
-    /// `sysconf` and `sysinfo`), as one in a memory cgroup sees the
+    /// `sysconf`, `sysinfo` and `/proc/meminfo`), as one in a memory cgroup sees the
     /// cgroup's: runtimes that size themselves from it (DuckDB, the JVM's
     /// default heap) size themselves to the limit.
     pub show_limit: bool,
