@@ -134,9 +134,10 @@ fn open_pagemap() -> Result<OwnedFd, UffdError> {
 
 /// Write tracking through `PAGEMAP_SCAN` on `/proc/self/pagemap`, for ranges
 /// registered in WP mode on a uffd with `WP_ASYNC`: the kernel resolves a
-/// write to a write-protected page by itself (no message), and a scan
-/// reports the pages written since the last scan and protects them again,
-/// atomically.
+/// write to a write-protected page by itself (no message). A scan reports
+/// the pages written since they were last protected, and may protect them
+/// again, atomically ([`WriteTracker::scan_written`]), or only look
+/// ([`WriteTracker::written`]).
 #[derive(Debug)]
 pub struct WriteTracker {
     pagemap: zmem_common::fds::KeptFd,
@@ -167,6 +168,49 @@ impl WriteTracker {
         // write-protecting pages of [start, end), which the uffd then
         // unprotects on write by itself (WP_ASYNC).
         unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut written) }
+    }
+
+    /// Write-protects again the pages of `[start, end)` written since they
+    /// were last protected, present ones only, as [`scan_written`] does,
+    /// for a range that may span several regions and other mappings (those
+    /// not registered for WP_ASYNC are skipped). One TLB flush for each
+    /// 2 MiB page table in which a page was protected.
+    ///
+    /// Not `UFFDIO_WRITEPROTECT`: with WP_ASYNC (which brings
+    /// WP_UNPOPULATED with it) it plants uffd-wp markers in every hole of
+    /// the range, evicted pages included (and allocates page tables for a
+    /// sparse range: minutes of system time over LuaJIT's 128 GiB
+    /// reservation).
+    ///
+    /// # Errors
+    /// The ioctl's error.
+    ///
+    /// [`scan_written`]: WriteTracker::scan_written
+    pub fn protect_written(&mut self, start: u64, end: u64) -> Result<(), UffdError> {
+        let flags = uapi::PM_SCAN_WP_MATCHING;
+        let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
+        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
+        // SAFETY: as in `scan_written`; ranges that are not WP_ASYNC
+        // registered are left alone (no PM_SCAN_CHECK_WPASYNC).
+        unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut |_, _| {}) }
+    }
+
+    /// Whether any page of `[start, end)` was written since it was last
+    /// write-protected (by [`WriteTracker::scan_written`] or
+    /// [`WriteTracker::protect_written`]). Only a look: no page table
+    /// changes, so no TLB flush.
+    ///
+    /// # Errors
+    /// The ioctl's error (EPERM if the range is not WP_ASYNC-registered).
+    pub fn written(&mut self, start: u64, end: u64) -> Result<bool, UffdError> {
+        let flags = uapi::PM_SCAN_CHECK_WPASYNC;
+        let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
+        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
+        let mut any = false;
+        // SAFETY: without PM_SCAN_WP_MATCHING the scan only reads page
+        // tables.
+        unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut |_, _| any = true) }?;
+        Ok(any)
     }
 
     fn err(addr: u64, len: u64) -> impl Fn(Errno) -> UffdError {

@@ -330,6 +330,14 @@ fn munmap_and_madvise_in_the_middle_of_8_threads() {
 /// Streams cold writes through a region 6x the limit while writing a hot
 /// 1 MiB all the time; returns (hot folios reloaded, hot touches, stats).
 fn hot_refaults(track_writes: bool) -> (u64, u64, zmem_uffd::PagerStats) {
+    let (refaults, touches, stats, _) = hot_refaults_with_markers(track_writes);
+    (refaults, touches, stats)
+}
+
+/// As `hot_refaults`, and how many of the region's page table entries are
+/// neither present nor empty at the end (a uffd-wp marker shows as a swap
+/// entry in pagemap; this machine swaps nothing out).
+fn hot_refaults_with_markers(track_writes: bool) -> (u64, u64, zmem_uffd::PagerStats, usize) {
     let limit = 8 << 20;
     let mut cfg = PagerConfig::with_limit(limit);
     cfg.track_writes = track_writes;
@@ -349,21 +357,31 @@ fn hot_refaults(track_writes: bool) -> (u64, u64, zmem_uffd::PagerStats) {
             }
         }
     }
-    (refaults, touches, p.stats())
+    let stats = p.stats();
+    let pages = r.len() / PAGE_SIZE;
+    let mut raw = vec![0u8; pages * 8];
+    let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&pagemap, &mut raw, r.addr() / PAGE_SIZE as u64 * 8).unwrap();
+    let swap_like = raw.chunks_exact(8).filter(|e| u64::from_ne_bytes((*e).try_into().unwrap()) & 1 << 62 != 0).count();
+    (refaults, touches, stats, swap_like)
 }
 
 /// With write tracking, a folio written all the time is seen as hot even
 /// though it never faults, and CLOCK keeps it resident while a stream of
-/// cold writes goes through; without it, CLOCK only knows fault-ins.
+/// cold writes goes through; without it, CLOCK only knows fault-ins. The
+/// sweeps that protect written pages again leave no uffd-wp marker in an
+/// evicted page (a marker turns its MISSING fault into a write-protect
+/// fault).
 #[test]
 fn write_tracking_keeps_a_hot_set_resident() {
     let _wd = watchdog("hot-set", 120);
-    let (tracked, touches, s) = hot_refaults(true);
+    let (tracked, touches, s, markers) = hot_refaults_with_markers(true);
     if !s.tracking_writes {
         eprintln!("skipped: the kernel offers no UFFD WP_ASYNC");
         return;
     }
-    assert!(s.write_scans > 0 && s.written_folios > 0, "{s:?}");
+    assert!(s.write_scans > 0 && s.written_folios > 0 && s.write_sweeps > 0, "{s:?}");
+    assert!(s.evicted_folios > 0 && markers == 0, "{markers} uffd-wp markers in the region: {s:?}");
     let (untracked, _, u) = hot_refaults(false);
     assert!(!u.tracking_writes && u.write_scans == 0, "{u:?}");
     eprintln!("hot refaults per touch: tracked {tracked}/{touches}, fault-in only {untracked}/{touches}");

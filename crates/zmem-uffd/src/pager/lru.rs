@@ -2,7 +2,7 @@
 //! pages, the folios a stream of loads went past, plus the unevictable
 //! folios.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +65,9 @@ pub(super) enum Look {
     Accessed,
     Cold,
 }
+
+/// The fewest looks between two write-protect sweeps (`sweep_writes_if_due`).
+const SWEEP_MIN_LOOKS: u64 = 64;
 
 /// How often unevictable folios go back on the inactive list for a look.
 pub(super) const UNEVICTABLE_RESCAN: Duration = Duration::from_secs(10);
@@ -160,31 +163,74 @@ impl Inner {
         self.lru_len.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether folio `f` was written since it was last asked (its pages are
-    /// write-protected again, so the next write is seen too). Reads are not
-    /// seen: a folio only read counts as cold.
-    pub(super) fn written_since_last_pass(&self, tracker: &mut WriteTracker, st: &RegionState, f: usize) -> bool {
+    /// Whether folio `f` was written since the last sweep (`sweep_writes`).
+    /// Reads are not seen: a folio only read counts as cold. Only a look:
+    /// the pages stay as they are until the next sweep.
+    pub(super) fn written_since_sweep(&self, tracker: &mut WriteTracker, st: &RegionState, f: usize) -> bool {
         let fs = self.cfg.folio_size as u64;
         let start = st.start.load(Ordering::Acquire) + f as u64 * fs;
-        let mut written = false;
         inc(&self.counters.write_scans);
-        if let Err(e) = tracker.scan_written(start, start + fs, |_, _| written = true) {
+        let written = tracker.written(start, start + fs).unwrap_or_else(|e| {
             // A region being unmapped or remapped under us: treat as cold.
             if !matches!(e, UffdError::Ioctl { errno: rustix::io::Errno::INVAL | rustix::io::Errno::PERM, .. }) {
                 log::warn!("write tracking scan failed: {e}");
             }
-        }
+            false
+        });
         if written {
             inc(&self.counters.written_folios);
         }
         written
     }
 
+    /// Write-protects again the written pages of every folio on the
+    /// lists, so that the looks after it see only the writes from here
+    /// on. Due once the looks since the last sweep number the resident
+    /// folios: each folio is looked at about once between two sweeps, as
+    /// when each look protected its own folio again.
+    ///
+    /// A look that protected its folio cost a TLB flush for every written
+    /// folio, sent to the CPU the program runs on. A sweep is one
+    /// `PAGEMAP_SCAN` per region, over the span from its first listed
+    /// folio to its last: one flush per 2 MiB page table with written
+    /// pages (`WriteTracker::protect_written`). On Python's random reads
+    /// (each writes a reference count) the looks flushed for 1.12M folios
+    /// in 48 s (ARCHITECTURE, *Choosing victims*).
+    fn sweep_writes_if_due(&self, tracker: &mut WriteTracker) {
+        let scans = self.counters.write_scans.load(Ordering::Relaxed);
+        let due = (self.resident.load(Ordering::Relaxed) as u64).max(SWEEP_MIN_LOOKS);
+        if scans.saturating_sub(self.swept_at_scans.load(Ordering::Relaxed)) < due {
+            return;
+        }
+        self.swept_at_scans.store(scans, Ordering::Relaxed);
+        let fs = self.cfg.folio_size;
+        let mut spans: HashMap<u32, (Arc<RegionState>, usize, usize)> = HashMap::new();
+        {
+            let lru = self.lru.lock_ok();
+            for (st, f) in lru.once.iter().chain(&lru.inactive).chain(&lru.active) {
+                let e = spans.entry(st.id).or_insert_with(|| (Arc::clone(st), *f, *f));
+                (e.1, e.2) = (e.1.min(*f), e.2.max(*f));
+            }
+        }
+        inc(&self.counters.write_sweeps);
+        for (st, lo, hi) in spans.into_values() {
+            // Read the address now: a REMAP may move the region (a range
+            // protected in error is only aged early).
+            let base = st.start.load(Ordering::Acquire);
+            if let Err(e) = tracker.protect_written(base + (lo * fs) as u64, base + ((hi + 1) * fs) as u64) {
+                log::debug!("a write-protect sweep: {e}");
+            }
+        }
+    }
+
     /// Picks up to `batch_folios` victims (see [`Lru::isolate`]). A folio
     /// is accessed if it was faulted in or (with write tracking) written
-    /// since it was last looked at; looking clears both (written pages are
-    /// protected again).
+    /// since the last sweep (`sweep_writes_if_due`); looking clears the
+    /// first.
     pub(super) fn isolate_folios(&self, mut tracker: Option<&mut WriteTracker>) -> Vec<(Arc<RegionState>, usize)> {
+        if let Some(t) = tracker.as_deref_mut() {
+            self.sweep_writes_if_due(t);
+        }
         let fs = self.cfg.folio_size;
         // A folio holding a zmem thread's TLS vector (in a program whose
         // executable has its own malloc) stays resident: off the lists for
@@ -204,7 +250,7 @@ impl Inner {
             }
             let (st, f) = item;
             let referenced = st.referenced[*f].swap(false, Ordering::Relaxed);
-            let written = tracker.as_deref_mut().is_some_and(|t| self.written_since_last_pass(t, st, *f));
+            let written = tracker.as_deref_mut().is_some_and(|t| self.written_since_sweep(t, st, *f));
             if written && st.cached[*f].swap(false, Ordering::Relaxed) {
                 dirtied.push((Arc::clone(st), *f));
             }

@@ -184,6 +184,8 @@ struct Inner {
     tables: AtomicUsize,
     /// Entries on the reclaim lists (some may be stale).
     lru_len: AtomicUsize,
+    /// `write_scans` at the last write-protect sweep (`lru.rs`).
+    swept_at_scans: AtomicU64,
     tracking: bool,
     next_region: AtomicU32,
     counters: Counters,
@@ -393,6 +395,7 @@ impl Pager {
             swapped_pages: AtomicUsize::new(0),
             tables: AtomicUsize::new(0),
             lru_len: AtomicUsize::new(0),
+            swept_at_scans: AtomicU64::new(0),
             tracking,
             next_region: AtomicU32::new(1),
             counters: Counters::default(),

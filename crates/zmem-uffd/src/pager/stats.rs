@@ -92,8 +92,12 @@ pub struct PagerStats {
     /// Regions split off by an mremap that moved part of a region: the
     /// moved part, managed at its new address with its entries.
     pub split_regions: u64,
-    /// Write-tracking checks (a PAGEMAP_SCAN of one folio CLOCK passes).
+    /// Write-tracking checks (a read-only PAGEMAP_SCAN of one folio CLOCK
+    /// passes).
     pub write_scans: u64,
+    /// Sweeps that write-protected every resident folio again, so that
+    /// later checks see only the writes after them (`lru.rs`).
+    pub write_sweeps: u64,
     /// Folios found written, which CLOCK then passes over once.
     pub written_folios: u64,
     /// Folios found mostly shared with another process (a fork) and set
@@ -185,6 +189,7 @@ pub(super) struct Counters {
     pub(super) retired_regions: AtomicU64,
     pub(super) split_regions: AtomicU64,
     pub(super) write_scans: AtomicU64,
+    pub(super) write_sweeps: AtomicU64,
     pub(super) written_folios: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
@@ -252,6 +257,7 @@ impl Pager {
             retired_regions: r(&c.retired_regions),
             split_regions: r(&c.split_regions),
             write_scans: r(&c.write_scans),
+            write_sweeps: r(&c.write_sweeps),
             written_folios: r(&c.written_folios),
             resident_bytes: self.inner.resident_bytes() as u64,
             swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
