@@ -178,8 +178,8 @@ impl WriteTracker {
     ///
     /// Not `UFFDIO_WRITEPROTECT`: with WP_ASYNC (which brings
     /// WP_UNPOPULATED with it) it plants uffd-wp markers in every hole of
-    /// the range, evicted pages included (and allocates page tables for a
-    /// sparse range: minutes of system time over LuaJIT's 128 GiB
+    /// the range, evicted pages included (and, most likely, page tables to
+    /// hold them: over ten minutes of system time over LuaJIT's 128 GiB
     /// reservation).
     ///
     /// # Errors
