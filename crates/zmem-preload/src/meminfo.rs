@@ -156,9 +156,8 @@ fn rewrite(real: &[u8], total_kb: u64, free_kb: u64, out: &mut [u8]) -> Option<u
                     .iter()
                     .position(|&b| !b.is_ascii_whitespace())
                     .and_then(|s| rest[s..].iter().position(|b| !b.is_ascii_digit()).map(|e| s + e))?;
-                let width = digits_end;
                 w.write_all(&line[..=c]).ok()?;
-                write!(w, "{v:>width$}").ok()?;
+                write!(w, "{v:>digits_end$}").ok()?;
                 w.write_all(&rest[digits_end..]).ok()?;
             }
             _ => w.write_all(line).ok()?,

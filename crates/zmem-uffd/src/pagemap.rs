@@ -134,9 +134,9 @@ fn open_pagemap() -> Result<OwnedFd, UffdError> {
 
 /// Write tracking through `PAGEMAP_SCAN` on `/proc/self/pagemap`, for ranges
 /// registered in WP mode on a uffd with `WP_ASYNC`: the kernel resolves a
-/// write to a write-protected page by itself (no message). A scan reports
-/// the pages written since they were last protected, and may protect them
-/// again, atomically ([`WriteTracker::scan_written`]), or only look
+/// write to a write-protected page by itself (no message). A scan either
+/// protects again the pages written since they were last protected,
+/// atomically ([`WriteTracker::protect_written`]), or only looks
 /// ([`WriteTracker::written`]).
 #[derive(Debug)]
 pub struct WriteTracker {
@@ -152,28 +152,12 @@ impl WriteTracker {
         Ok(WriteTracker { pagemap, buf: vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 512] })
     }
 
-    /// Calls `written(start, end)` for each run of pages of `[start, end)`
-    /// written since the last scan, and write-protects them again.
-    ///
-    /// # Errors
-    /// The ioctl's error (EPERM if the range is not WP_ASYNC-registered).
-    pub fn scan_written(&mut self, start: u64, end: u64, mut written: impl FnMut(u64, u64)) -> Result<(), UffdError> {
-        let flags = uapi::PM_SCAN_WP_MATCHING | uapi::PM_SCAN_CHECK_WPASYNC;
-        // Present pages only: a scan that matched holes would put uffd-wp
-        // markers in them, which turn their MISSING faults into
-        // write-protect faults.
-        let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
-        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
-        // SAFETY: the scan's only effect besides reading page tables is
-        // write-protecting pages of [start, end), which the uffd then
-        // unprotects on write by itself (WP_ASYNC).
-        unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut written) }
-    }
-
     /// Write-protects again the pages of `[start, end)` written since they
-    /// were last protected, present ones only, as [`scan_written`] does,
-    /// for a range that may span several regions and other mappings (those
-    /// not registered for WP_ASYNC are skipped). One TLB flush for each
+    /// were last protected, atomically, for a range that may span several
+    /// regions and other mappings (those not registered for WP_ASYNC are
+    /// skipped). Present pages only: a scan that matched holes would put
+    /// uffd-wp markers in them, which turn their MISSING faults into
+    /// write-protect faults. One TLB flush for each
     /// 2 MiB page table in which a page was protected.
     ///
     /// Not `UFFDIO_WRITEPROTECT`: with WP_ASYNC (which brings
@@ -184,20 +168,19 @@ impl WriteTracker {
     ///
     /// # Errors
     /// The ioctl's error.
-    ///
-    /// [`scan_written`]: WriteTracker::scan_written
     pub fn protect_written(&mut self, start: u64, end: u64) -> Result<(), UffdError> {
         let flags = uapi::PM_SCAN_WP_MATCHING;
         let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
         let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
-        // SAFETY: as in `scan_written`; ranges that are not WP_ASYNC
-        // registered are left alone (no PM_SCAN_CHECK_WPASYNC).
+        // SAFETY: the scan's only effect besides reading page tables is
+        // write-protecting present pages of [start, end) registered with
+        // WP_ASYNC (others are skipped: no PM_SCAN_CHECK_WPASYNC), which
+        // the uffd then unprotects on write by itself.
         unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut |_, _| {}) }
     }
 
     /// Whether any page of `[start, end)` was written since it was last
-    /// write-protected (by [`WriteTracker::scan_written`] or
-    /// [`WriteTracker::protect_written`]). Only a look: no page table
+    /// write-protected ([`WriteTracker::protect_written`]). Only a look: no page table
     /// changes, so no TLB flush.
     ///
     /// # Errors

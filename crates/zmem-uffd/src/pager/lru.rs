@@ -163,7 +163,8 @@ impl Inner {
         self.lru_len.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether folio `f` was written since the last sweep (`sweep_writes`).
+    /// Whether folio `f` was written since the last sweep
+    /// (`sweep_writes_if_due`).
     /// Reads are not seen: a folio only read counts as cold. Only a look:
     /// the pages stay as they are until the next sweep.
     pub(super) fn written_since_sweep(&self, tracker: &mut WriteTracker, st: &RegionState, f: usize) -> bool {
