@@ -271,6 +271,16 @@ pub trait BatchCompressor: Send + Sync {
     fn runs_beside(&self) -> bool {
         false
     }
+
+    /// How many submitted batches keep this compressor busy: a caller that
+    /// runs beside it (`Tier::store_many`) keeps this many in flight. The
+    /// default is 128 pages' worth, a reclaim pass of 64 KiB folios, which
+    /// stays within an engine queue's depth, so a submit never waits for
+    /// room. A device with its own queues (a GPU's streams) says how many
+    /// it runs at once.
+    fn batches_in_flight(&self) -> usize {
+        (128 / self.batch_size().max(1)).max(1)
+    }
 }
 
 /// The checks every [`BatchCompressor`] call makes before any work: one

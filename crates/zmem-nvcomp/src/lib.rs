@@ -355,6 +355,12 @@ impl BatchCompressor for NvcompLz4 {
         true
     }
 
+    /// One batch a stream: a batch more finds every stream busy and runs
+    /// on liblz4 on the caller.
+    fn batches_in_flight(&self) -> usize {
+        self.shared.cfg.streams
+    }
+
     fn compress_batch(
         &self,
         src: &[&[u8]],

@@ -1,11 +1,12 @@
 //! Store: compress a folio into the current pool, or reject it.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use zmem_common::LockExt;
-use zmem_compress::batch::{Batch, ItemError, Op};
+use zmem_compress::batch::{Batch, ItemError, Op, Ticket};
 use zmem_compress::CompressError;
 use zmem_zsmalloc::PAGE_SIZE;
 
@@ -70,10 +71,10 @@ impl Prep {
     }
 }
 
-/// Pages submitted before the first of them is waited on
-/// ([`Tier::store_many`] with engines): a reclaim pass of 64 KiB folios.
-/// Within an engine queue's depth, so a submit never waits for room.
-const BESIDE_WINDOW: usize = 128;
+/// A page of `store_many`'s work: (request, page in its folio).
+type Work = (usize, usize);
+/// A batch as `submit` answered it.
+type Submitted = Result<Ticket, zmem_compress::Error>;
 
 fn page_of(folio: &[u8], i: usize) -> &[u8] {
     &folio[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
@@ -349,48 +350,56 @@ impl Tier {
             .collect();
         let page = |(r, i): (usize, usize)| page_of(reqs[r].folio, i);
         let mut spare = std::mem::take(&mut *self.batches.lock_ok());
-        for window in work.chunks(BESIDE_WINDOW.max(bs)) {
-            let mut tickets = Vec::with_capacity(window.len().div_ceil(bs));
-            for chunk in window.chunks(bs) {
-                let mut batch = spare.pop().unwrap_or_else(|| Batch::new(Op::Compress));
-                batch.refill(Op::Compress, chunk.iter().map(|&w| page(w)), |src| src.len());
-                tickets.push((chunk, pool.compressor.submit(batch)));
+        // A sliding window: the oldest batch is placed in the pool while the
+        // ones after it still run, and a new one is submitted as soon as it
+        // is placed, so the device never waits on the caller's placing.
+        let depth = pool.compressor.batches_in_flight().max(1);
+        let mut inflight: VecDeque<(&[Work], Submitted)> = VecDeque::with_capacity(depth);
+        let mut chunks = work.chunks(bs);
+        loop {
+            if inflight.len() < depth {
+                if let Some(chunk) = chunks.next() {
+                    let mut batch = spare.pop().unwrap_or_else(|| Batch::new(Op::Compress));
+                    batch.refill(Op::Compress, chunk.iter().map(|&w| page(w)), |src| src.len());
+                    inflight.push_back((chunk, pool.compressor.submit(batch)));
+                    continue;
+                }
             }
-            for (chunk, ticket) in tickets {
-                let batch = match ticket {
-                    Ok(t) => pool.compressor.wait(t),
-                    Err(_) => {
-                        for &(r, _) in chunk {
-                            if let Ok(p) = &mut preps[r] {
-                                if p.failed.is_none() {
-                                    p.failed = Some(self.fail(RejectReason::CompressFail));
-                                }
+            let Some((chunk, ticket)) = inflight.pop_front() else { break };
+            let batch = match ticket {
+                Ok(t) => pool.compressor.wait(t),
+                Err(_) => {
+                    for &(r, _) in chunk {
+                        if let Ok(p) = &mut preps[r] {
+                            if p.failed.is_none() {
+                                p.failed = Some(self.fail(RejectReason::CompressFail));
                             }
                         }
-                        continue;
                     }
-                };
-                for (item, &(r, i)) in batch.items.iter().zip(chunk) {
-                    let Ok(p) = &mut preps[r] else { unreachable!("only prepared folios have work") };
-                    if p.failed.is_some() {
-                        continue;
-                    }
-                    let placed = match item.output() {
-                        Some(Ok(obj)) => self.place(pool, page((r, i)), Ok(obj)),
-                        Some(Err(ItemError::Compress(e))) => self.place(pool, page((r, i)), Err(e)),
-                        // Another error (none from our own compress batch).
-                        _ => Err(self.fail(RejectReason::CompressFail)),
-                    };
-                    match placed {
-                        Ok(s) => p.stored[i] = Some(s),
-                        Err(reason) => p.failed = Some(reason),
-                    }
+                    continue;
                 }
-                spare.push(batch);
+            };
+            for (item, &(r, i)) in batch.items.iter().zip(chunk) {
+                let Ok(p) = &mut preps[r] else { unreachable!("only prepared folios have work") };
+                if p.failed.is_some() {
+                    continue;
+                }
+                let placed = match item.output() {
+                    Some(Ok(obj)) => self.place(pool, page((r, i)), Ok(obj)),
+                    Some(Err(ItemError::Compress(e))) => self.place(pool, page((r, i)), Err(e)),
+                    // Another error (none from our own compress batch).
+                    _ => Err(self.fail(RejectReason::CompressFail)),
+                };
+                match placed {
+                    Ok(s) => p.stored[i] = Some(s),
+                    Err(reason) => p.failed = Some(reason),
+                }
             }
+            spare.push(batch);
         }
-        // One window's worth (~1 MiB: each item owns a page in and out).
-        spare.truncate(BESIDE_WINDOW.max(bs).div_ceil(bs));
+        // One window's worth (each item owns a page in and out: 1 MiB for
+        // the engines' 128 pages).
+        spare.truncate(depth);
         *self.batches.lock_ok() = spare;
     }
 

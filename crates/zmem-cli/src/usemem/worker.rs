@@ -88,8 +88,8 @@ fn cpu_secs() -> (f64, f64) {
 }
 
 /// The batched configs' compressor: the multi-engine device, one engine
-/// per core. A reclaim pass's pages are submitted at once (the tier sends
-/// at most 128 before it waits; the queues hold that four times over, so a
+/// per core. A reclaim pass's pages are submitted at once (the tier keeps
+/// at most 128 in flight; the queues hold that four times over, so a
 /// submit never waits for room), and the reclaim thread compresses its own
 /// core's share. A fault's load decompresses on its handler: a cross-core
 /// wake-up costs more than its batch (`sync_on_caller`). Idle engines
