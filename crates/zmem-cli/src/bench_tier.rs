@@ -9,19 +9,26 @@
 //!   `recompress`): MB/s, the pool's size before and after, and load MB/s
 //!   from the recompressed pool against the first one.
 //!
+//! With `--device engines` or `--device nvcomp` it measures instead the
+//! store path on that device against liblz4 on the calling thread, in the
+//! same run: each stores every folio (writeback off) in passes of `--pass`
+//! folios through `Tier::store_many`, as the pager's reclaim does, and
+//! loads every page back on the CPU.
+//!
 //! MB/s counts uncompressed bytes (10^6). Every loaded page is compared with
 //! what was stored.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
 use serde::Serialize;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_compress::{BatchCompressor, CodecSpec, Engines, EnginesConfig, PAGE_SIZE};
 use zmem_swapfile::SwapFileConfig;
-use zmem_tier::{LoadOutcome, StoreOutcome, Tier, TierConfig};
+use zmem_tier::{LoadOutcome, StoreOutcome, StoreRequest, Tier, TierConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -45,6 +52,20 @@ pub struct Args {
     /// The stronger compressor entries are recompressed with.
     #[arg(long, default_value = "zstd")]
     recompress: String,
+    /// Folios per store call: above 1, `Tier::store_many` stores them
+    /// together (a compressor that runs beside the caller then keeps
+    /// several batches in flight).
+    #[arg(long, default_value_t = 8)]
+    pass: usize,
+    /// `cpu` (the full report), or `engines` / `nvcomp`: the store path on
+    /// that device against liblz4 on one core (lz4 only for nvcomp).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// nvcomp only: streams, the most batches in flight on the GPU.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    #[arg(long, default_value = zmem_nvcomp::DEFAULT_LIBRARY)]
+    nvcomp_lib: String,
     #[arg(long)]
     json: bool,
 }
@@ -93,19 +114,31 @@ impl Data {
     }
 }
 
-/// Stores every folio; returns the seconds taken and which pages were
-/// rejected (with writeback off, a folio holding an incompressible page is).
-fn store_all(t: &Tier, d: &Data, folio: usize, may_reject: bool) -> Result<(f64, Vec<bool>)> {
+/// Stores every folio, `pass` folios a call; returns the seconds taken and
+/// which pages were rejected (with writeback off, a folio holding an
+/// incompressible page is).
+fn store_all(t: &Tier, d: &Data, folio: usize, pass: usize, may_reject: bool) -> Result<(f64, Vec<bool>)> {
     let mut rejected = vec![false; d.n()];
     let start = Instant::now();
-    for (f, chunk) in d.pages.chunks(folio * PAGE_SIZE).enumerate() {
-        match t.store((f * folio) as u64, chunk)? {
-            StoreOutcome::Stored { .. } => {}
-            StoreOutcome::Rejected(r) => {
-                ensure!(may_reject, "store of folio {f} was rejected: {r:?}");
-                rejected[f * folio..f * folio + chunk.len() / PAGE_SIZE].fill(true);
+    let mut first = 0;
+    for chunk in d.pages.chunks(folio * pass * PAGE_SIZE) {
+        let reqs: Vec<StoreRequest<'_>> = chunk
+            .chunks(folio * PAGE_SIZE)
+            .enumerate()
+            .map(|(i, f)| StoreRequest { key: (first + i * folio) as u64, folio: f, reuse: false })
+            .collect();
+        let outs = if pass == 1 { vec![t.store(reqs[0].key, reqs[0].folio)] } else { t.store_many(&reqs) };
+        for (r, out) in reqs.iter().zip(outs) {
+            match out? {
+                StoreOutcome::Stored { .. } => {}
+                StoreOutcome::Rejected(why) => {
+                    ensure!(may_reject, "store of the folio at page {} was rejected: {why:?}", r.key);
+                    let k = r.key as usize;
+                    rejected[k..k + r.folio.len() / PAGE_SIZE].fill(true);
+                }
             }
         }
+        first += chunk.len() / PAGE_SIZE;
     }
     Ok((start.elapsed().as_secs_f64(), rejected))
 }
@@ -131,8 +164,12 @@ fn load_all(t: &Tier, d: &Data, rejected: &[bool]) -> Result<(f64, usize)> {
 pub fn run(args: &Args) -> Result<()> {
     let spec: CodecSpec = args.compressor.parse()?;
     let stronger: CodecSpec = args.recompress.parse()?;
-    if args.mib == 0 || !(1..=512).contains(&args.folio) || !(1..=100).contains(&args.pool_percent) {
-        bail!("--mib must be at least 1, --folio in 1..=512, --pool-percent in 1..=100");
+    if args.mib == 0
+        || !(1..=512).contains(&args.folio)
+        || !(1..=100).contains(&args.pool_percent)
+        || !(1..=64).contains(&args.pass)
+    {
+        bail!("--mib must be at least 1, --folio in 1..=512, --pool-percent in 1..=100, --pass in 1..=64");
     }
     let corpus = Corpus::sample_or(args.corpus.as_deref())?;
     let n = (args.mib << 20) / PAGE_SIZE;
@@ -141,10 +178,13 @@ pub fn run(args: &Args) -> Result<()> {
     let bytes = d.pages.len();
     let dir = args.swapfile.clone().unwrap_or_else(std::env::temp_dir);
     let base = TierConfig { compressor: spec, max_pool_bytes: Some(bytes * 2), ..TierConfig::default() };
+    if args.device != "cpu" {
+        return run_device(args, spec, &d, base, corpus.origin());
+    }
 
     // Writeback off.
     let t = Tier::new(TierConfig { writeback: false, swap: None, ..base.clone() })?;
-    let (s_off, rej_off) = store_all(&t, &d, args.folio, true)?;
+    let (s_off, rej_off) = store_all(&t, &d, args.folio, args.pass, true)?;
     let rejected_pages = rej_off.iter().filter(|&&r| r).count();
     let st = t.stats();
     let compressed: u64 = {
@@ -165,7 +205,7 @@ pub fn run(args: &Args) -> Result<()> {
         swap: Some(SwapFileConfig { dir: dir.clone(), encrypt: true, ..SwapFileConfig::default() }),
         ..base.clone()
     })?;
-    let (s_on, _) = store_all(&t, &d, args.folio, false)?;
+    let (s_on, _) = store_all(&t, &d, args.folio, args.pass, false)?;
     let wb = t.stats().written_back_pages;
     let (l_on, _) = load_all(&t, &d, &vec![false; d.n()])?;
     drop(t);
@@ -177,7 +217,7 @@ pub fn run(args: &Args) -> Result<()> {
             swap: Some(SwapFileConfig { dir: dir.clone(), encrypt, ..SwapFileConfig::default() }),
             ..base.clone()
         })?;
-        store_all(&t, &d, args.folio, false)?;
+        store_all(&t, &d, args.folio, args.pass, false)?;
         let start = Instant::now();
         let went = t.writeback(d.n());
         wb_rates[k] = mbps(went * PAGE_SIZE, start.elapsed().as_secs_f64());
@@ -186,7 +226,7 @@ pub fn run(args: &Args) -> Result<()> {
     // Recompression: the whole pool (writeback off), then every page
     // loaded from the pool it went to.
     let t = Tier::new(TierConfig { writeback: false, swap: None, ..base.clone() })?;
-    let (_, rej) = store_all(&t, &d, args.folio, true)?;
+    let (_, rej) = store_all(&t, &d, args.folio, args.pass, true)?;
     let pool_before = t.stats().pool_total_size;
     let start = Instant::now();
     let rc = t.recompress(stronger, usize::MAX, false)?;
@@ -268,6 +308,104 @@ pub fn run(args: &Args) -> Result<()> {
         r.load_mbps_recompressed,
         r.load_mbps_recompressed / r.load_mbps_wb_off
     )?;
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceRow {
+    /// `lz4` on the calling thread (the baseline), or the device's name.
+    compressor: String,
+    /// Folios per store call.
+    pass: usize,
+    store_mbps: f64,
+    load_mbps: f64,
+    /// The store rate against the baseline's, measured in this run.
+    store_speedup: f64,
+    pool_total_size: u64,
+}
+
+/// `--device engines|nvcomp`: the store path on the device against liblz4.
+fn run_device(args: &Args, spec: CodecSpec, d: &Data, base: TierConfig, origin: &str) -> Result<()> {
+    let off = TierConfig { writeback: false, swap: None, engines: None, ..base };
+    let mut nvcomp = None;
+    let (dev, name): (Arc<dyn BatchCompressor>, String) = match args.device.as_str() {
+        "engines" => {
+            // Loads decompress on the caller, as the pager's handler does
+            // (usemem's batched configs): one page is less work than the
+            // wake-up an engine would cost.
+            let e = Engines::new(EnginesConfig { sync_on_caller: true, ..EnginesConfig::default() }, spec.factory())?;
+            let name = format!("{spec}@{} engines", e.stats().len());
+            (Arc::new(e), name)
+        }
+        "nvcomp" => {
+            ensure!(spec.to_string() == "lz4", "--device nvcomp runs lz4 only, not {spec}; pass --compressor lz4");
+            let cfg = zmem_nvcomp::NvcompConfig {
+                library: args.nvcomp_lib.clone(),
+                streams: args.streams,
+                verify: true,
+                ..Default::default()
+            };
+            let n = Arc::new(zmem_nvcomp::NvcompLz4::new(cfg)?);
+            let name =
+                format!("lz4 on {} (nvCOMP {}, {} streams)", n.gpu().name(), n.gpu().nvcomp_version(), args.streams);
+            nvcomp = Some(Arc::clone(&n));
+            (n, name)
+        }
+        other => bail!("unknown --device {other:?}; valid devices are: cpu, engines, nvcomp"),
+    };
+    let mut rows: Vec<DeviceRow> = Vec::new();
+    let mut rejected_base = None;
+    for (label, pass, t) in
+        [(spec.to_string(), 1, Tier::new(off.clone())?), (name, args.pass, Tier::with_compressor(off.clone(), dev)?)]
+    {
+        let (s, rej) = store_all(&t, d, args.folio, pass, true)?;
+        // Both compressors write LZ4 blocks of the same pages, so the same
+        // folios compress or do not.
+        let base_rej = rejected_base.get_or_insert_with(|| rej.clone());
+        ensure!(*base_rej == rej, "{label} rejected other folios than the baseline");
+        let pool_total_size = t.stats().pool_total_size;
+        let (l, l_bytes) = load_all(&t, d, &rej)?;
+        let store_mbps = mbps(d.pages.len(), s);
+        rows.push(DeviceRow {
+            compressor: label,
+            pass,
+            store_mbps,
+            load_mbps: mbps(l_bytes, l),
+            store_speedup: store_mbps / rows.first().map_or(store_mbps, |b| b.store_mbps),
+            pool_total_size,
+        });
+    }
+    if let Some(n) = &nvcomp {
+        let st = n.stats();
+        ensure!(st.gpu_errors == 0 && st.verify_failures == 0, "nvcomp: {st:?}");
+        ensure!(st.gpu_items > 0, "no store ran on the GPU: {st:?}");
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &rows)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "corpus: {origin}; {} MiB through the tier, {}-page folios, writeback off; loads on the CPU",
+        args.mib, args.folio
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<48} pass {:>2}: store {:>7.0} MB/s ({:.2}x)   load {:>7.0} MB/s   pool {} MiB",
+            r.compressor,
+            r.pass,
+            r.store_mbps,
+            r.store_speedup,
+            r.load_mbps,
+            r.pool_total_size >> 20
+        )?;
+    }
+    if let Some(n) = &nvcomp {
+        writeln!(out, "nvcomp: {:?}", n.stats())?;
+    }
     Ok(())
 }
 

@@ -121,6 +121,35 @@ fn bench_tier_verifies_and_reports_both_modes() {
     assert!(!ok && err.contains("unknown codec"), "{err}");
 }
 
+/// `--device engines`: liblz4 folio by folio, then the engines through
+/// `store_many` passes, in one run; every page is loaded back and checked
+/// by the bench itself. Without a GPU, `--device nvcomp` names what is
+/// missing.
+#[test]
+fn bench_tier_measures_a_device_against_liblz4_in_the_same_run() {
+    let (ok, out, err) = run(&["bench", "tier", "--mib", "16", "--device", "engines", "--pass", "16", "--json"]);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert_eq!((rows[0]["compressor"].as_str(), rows[0]["pass"].as_u64()), (Some("lz4"), Some(1)), "{out}");
+    assert!(rows[1]["compressor"].as_str().unwrap().contains("engines"), "{out}");
+    assert_eq!(rows[1]["pass"].as_u64(), Some(16), "{out}");
+    assert_eq!(rows[0]["store_speedup"].as_f64(), Some(1.0), "{out}");
+    for r in rows {
+        assert!(r["store_mbps"].as_f64().unwrap() > 1.0 && r["load_mbps"].as_f64().unwrap() > 1.0, "{r}");
+    }
+    // The same codec on the same pages: the same objects, the same pool.
+    assert_eq!(rows[0]["pool_total_size"], rows[1]["pool_total_size"], "{out}");
+    let (ok, _, err) =
+        run(&["bench", "tier", "--mib", "1", "--device", "nvcomp", "--nvcomp-lib", "/nonexistent/libnvcomp.so.6"]);
+    assert!(!ok && err.contains("cannot load /nonexistent/libnvcomp.so.6"), "{err}");
+    let (ok, _, err) = run(&["bench", "tier", "--device", "tpu"]);
+    assert!(!ok && err.contains("valid devices are"), "{err}");
+    let (ok, _, err) = run(&["bench", "tier", "--pass", "0"]);
+    assert!(!ok && err.contains("--pass in 1..=64"), "{err}");
+}
+
 #[test]
 fn bench_fault_measures_every_kind_of_fault() {
     let (ok, out, err) = run(&["bench", "fault", "--limit-mib", "16", "--json"]);
