@@ -171,6 +171,11 @@ impl Inner {
                     }
                     break;
                 }
+                // Done for now: the stale copies in staging go.
+                if let Err(e) = staging.release(&self.uffd, self.register_mode()) {
+                    log::error!("re-registering the staging area failed ({e}); reclaim stops");
+                    self.stop.store(true, Ordering::Release);
+                }
             }
             // Idle, or stuck with the pool full (the limit soft: what
             // recompression frees lets reclaim go on): the pool's cold
@@ -230,6 +235,15 @@ impl Inner {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
+        // This pass's slots follow the last one's (see staging.rs).
+        let first_slot = match staging.begin_pass(&self.uffd, self.register_mode()) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("re-registering the staging area failed ({e}); reclaim stops");
+                self.stop.store(true, Ordering::Release);
+                return pass;
+            }
+        };
         let mut isolated = Vec::new();
         let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in self.isolate_folios(tracker) {
@@ -262,7 +276,7 @@ impl Inner {
         let mut moved: Vec<MovedOut> = Vec::new();
         // Folios whose pages are shared with a forked child.
         let mut shared = Vec::new();
-        let mut next_slot = 0;
+        let mut next_slot = first_slot;
         let mut i = 0;
         while i < isolated.len() {
             let (st, f0) = (Arc::clone(&isolated[i].0), isolated[i].1);
@@ -370,12 +384,7 @@ impl Inner {
                 st.set_folio(*f, Folio::Evicted);
             });
         }
-        if n > 0 {
-            if let Err(e) = staging.free(&self.uffd, self.register_mode()) {
-                log::error!("re-registering the staging area failed ({e}); reclaim stops");
-                self.stop.store(true, Ordering::Release);
-            }
-        }
+        staging.end_pass(next_slot);
         for (st, f) in shared {
             self.break_cow(&st, f, staging);
             pass.unevictable += 1;

@@ -11,10 +11,22 @@
 //! same size and also executable, mapped at the first such region's
 //! eviction; each span of slots is placed in one or the other
 //! ([`Staging::place`]).
+//!
+//! Freeing the area is a `MADV_DONTNEED`, and so a TLB shootdown into
+//! every CPU the program runs on. So the area holds several passes (up to
+//! `STAGING_BYTES`): each pass takes the slots after the last one's, and
+//! the area is freed once the next pass might not fit
+//! ([`Staging::begin_pass`]), or when reclaim stops for now
+//! ([`Staging::release`]), so no stale copy outlives a burst of reclaim.
 
 use crate::mapping::{Mapping, PAGE_SIZE};
 use crate::pagemap::{PageMap, SharedPages};
 use crate::sys::{RegisterMode, Uffd, UffdError};
+
+/// The most bytes the staging area holds: as many passes as fit, each
+/// pass's slots after the last's, freed together. 2 MiB is four passes of
+/// 64 KiB folios, and at most 2 MiB of stale copies between two frees.
+const STAGING_BYTES: usize = 2 << 20;
 
 #[derive(Debug)]
 pub(super) struct Staging {
@@ -26,6 +38,10 @@ pub(super) struct Staging {
     /// `exec` could not be made: it is not tried again.
     exec_refused: bool,
     folio: usize,
+    /// Slots a pass may use.
+    pass_slots: usize,
+    /// The first slot no pass has used since the last `free`.
+    next: usize,
     /// Page `i` of the area was filled by MOVE since the last `free`.
     filled: Vec<bool>,
     /// For [`occupied`](Self::occupied); `None` where `/proc/self/pagemap`
@@ -34,13 +50,17 @@ pub(super) struct Staging {
 }
 
 impl Staging {
-    /// Room for `slots` folios of `folio` bytes, registered with `uffd`.
+    /// Room for passes of `pass_slots` folios of `folio` bytes (as many
+    /// passes as fit in `STAGING_BYTES`, at least one), registered with
+    /// `uffd`.
     pub(super) fn new(
         uffd: &Uffd,
         mode: RegisterMode,
         folio: usize,
-        slots: usize,
+        pass_slots: usize,
     ) -> Result<Staging, super::PagerError> {
+        let passes = (STAGING_BYTES / (folio * pass_slots).max(1)).max(1);
+        let slots = pass_slots * passes;
         let map = Mapping::new(folio * slots).map_err(super::PagerError::Map)?;
         // A child never reclaims: it need not copy staging.
         map.dont_fork().map_err(super::PagerError::Map)?;
@@ -53,8 +73,41 @@ impl Staging {
             exec_refused: false,
             map,
             folio,
+            pass_slots,
+            next: 0,
             pagemap,
         })
+    }
+
+    /// The first slot of the next pass, which may use `pass_slots` slots
+    /// from it; the area is freed first if they do not fit.
+    ///
+    /// # Errors
+    /// As [`free`](Self::free).
+    pub(super) fn begin_pass(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<usize, UffdError> {
+        if self.next + self.pass_slots > self.in_exec.len() {
+            self.free(uffd, mode)?;
+        }
+        Ok(self.next)
+    }
+
+    /// The pass that began at [`begin_pass`](Self::begin_pass) used the
+    /// slots up to `end`: they stay as they are until the area is freed.
+    pub(super) fn end_pass(&mut self, end: usize) {
+        debug_assert!(end >= self.next && end <= self.in_exec.len());
+        self.next = end;
+    }
+
+    /// Frees the area if a pass used it since the last free: reclaim is
+    /// done for now, and the stale copies go back to the OS.
+    ///
+    /// # Errors
+    /// As [`free`](Self::free).
+    pub(super) fn release(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
+        if self.next > 0 {
+            self.free(uffd, mode)?;
+        }
+        Ok(())
     }
 
     /// Puts slots `[slot, slot + n)` in the executable twin (`exec`) or in
@@ -158,7 +211,7 @@ impl Staging {
     ///
     /// # Errors
     /// Registering the area again failed: reclaim cannot go on.
-    pub(super) fn free(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
+    fn free(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
         let used_exec = self.in_exec.contains(&true);
         for m in std::iter::once(&self.map).chain(self.exec.as_ref().filter(|_| used_exec)) {
             let (a, l) = (m.addr(), m.len() as u64);
@@ -168,6 +221,7 @@ impl Staging {
         }
         self.filled.fill(false);
         self.in_exec.fill(false);
+        self.next = 0;
         Ok(())
     }
 
