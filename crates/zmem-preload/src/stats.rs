@@ -213,6 +213,8 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "write_scans": p.write_scans,
             "write_sweeps": p.write_sweeps,
             "written_folios": p.written_folios,
+            "reclaim_passes": p.reclaim_passes,
+            "staging_frees": p.staging_frees,
             "stray_faults": p.stray_faults,
             "dropped_page_faults": p.dropped_page_faults,
             "move_recounts": p.move_recounts,

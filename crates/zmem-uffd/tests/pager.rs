@@ -973,6 +973,10 @@ fn walk_evicts_behind_itself(cfg: PagerConfig) {
     // stored and 2-3% loaded twice; before the once list, 10-15% and 10%.
     assert!(stored * 4 <= evicted, "{stored} pages compressed for {evicted} evicted: {t:?} {s:?}");
     assert!(loaded <= evicted + evicted / 20, "{loaded} pages loaded for {evicted} evicted: {t:?} {s:?}");
+    // Staging is freed once several passes filled it (or a burst of
+    // reclaim ends), not after every pass.
+    eprintln!("walk: {} reclaim passes, {} staging frees", s.reclaim_passes, s.staging_frees);
+    assert!(s.reclaim_passes > 0 && s.staging_frees * 3 <= s.reclaim_passes * 2, "{s:?}");
 }
 
 /// `recompress`: once the program is idle under its limit, reclaim moves

@@ -172,9 +172,13 @@ impl Inner {
                     break;
                 }
                 // Done for now: the stale copies in staging go.
-                if let Err(e) = staging.release(&self.uffd, self.register_mode()) {
-                    log::error!("re-registering the staging area failed ({e}); reclaim stops");
-                    self.stop.store(true, Ordering::Release);
+                match staging.release(&self.uffd, self.register_mode()) {
+                    Ok(true) => inc(&self.counters.staging_frees),
+                    Ok(false) => {}
+                    Err(e) => {
+                        log::error!("re-registering the staging area failed ({e}); reclaim stops");
+                        self.stop.store(true, Ordering::Release);
+                    }
                 }
             }
             // Idle, or stuck with the pool full (the limit soft: what
@@ -237,7 +241,12 @@ impl Inner {
         let mut pass = Pass::default();
         // This pass's slots follow the last one's (see staging.rs).
         let first_slot = match staging.begin_pass(&self.uffd, self.register_mode()) {
-            Ok(s) => s,
+            Ok((s, freed)) => {
+                if freed {
+                    inc(&self.counters.staging_frees);
+                }
+                s
+            }
             Err(e) => {
                 log::error!("re-registering the staging area failed ({e}); reclaim stops");
                 self.stop.store(true, Ordering::Release);
@@ -385,6 +394,9 @@ impl Inner {
             });
         }
         staging.end_pass(next_slot);
+        if n > 0 {
+            inc(&self.counters.reclaim_passes);
+        }
         for (st, f) in shared {
             self.break_cow(&st, f, staging);
             pass.unevictable += 1;

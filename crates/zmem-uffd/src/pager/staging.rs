@@ -80,15 +80,16 @@ impl Staging {
     }
 
     /// The first slot of the next pass, which may use `pass_slots` slots
-    /// from it; the area is freed first if they do not fit.
+    /// from it, and whether the area was freed first to make them fit.
     ///
     /// # Errors
     /// As [`free`](Self::free).
-    pub(super) fn begin_pass(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<usize, UffdError> {
-        if self.next + self.pass_slots > self.in_exec.len() {
+    pub(super) fn begin_pass(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(usize, bool), UffdError> {
+        let full = self.next + self.pass_slots > self.in_exec.len();
+        if full {
             self.free(uffd, mode)?;
         }
-        Ok(self.next)
+        Ok((self.next, full))
     }
 
     /// The pass that began at [`begin_pass`](Self::begin_pass) used the
@@ -98,16 +99,18 @@ impl Staging {
         self.next = end;
     }
 
-    /// Frees the area if a pass used it since the last free: reclaim is
-    /// done for now, and the stale copies go back to the OS.
+    /// Frees the area if a pass used it since the last free (and says
+    /// whether it did): reclaim is done for now, and the stale copies go
+    /// back to the OS.
     ///
     /// # Errors
     /// As [`free`](Self::free).
-    pub(super) fn release(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(), UffdError> {
-        if self.next > 0 {
+    pub(super) fn release(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<bool, UffdError> {
+        let used = self.next > 0;
+        if used {
             self.free(uffd, mode)?;
         }
-        Ok(())
+        Ok(used)
     }
 
     /// Puts slots `[slot, slot + n)` in the executable twin (`exec`) or in

@@ -100,6 +100,12 @@ pub struct PagerStats {
     pub write_sweeps: u64,
     /// Folios found written, which CLOCK then passes over once.
     pub written_folios: u64,
+    /// Reclaim passes that moved folios out to store them.
+    pub reclaim_passes: u64,
+    /// Times the staging area was freed (`MADV_DONTNEED`, a TLB
+    /// shootdown): once several passes filled it, or at the end of a burst
+    /// of reclaim (`staging.rs`).
+    pub staging_frees: u64,
     /// Folios found mostly shared with another process (a fork) and set
     /// aside, not evicted and their shared pages charged to no one, until they
     /// are mostly this process's own again.
@@ -191,6 +197,8 @@ pub(super) struct Counters {
     pub(super) write_scans: AtomicU64,
     pub(super) write_sweeps: AtomicU64,
     pub(super) written_folios: AtomicU64,
+    pub(super) reclaim_passes: AtomicU64,
+    pub(super) staging_frees: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
     pub(super) fenced_pages: AtomicU64,
@@ -259,6 +267,8 @@ impl Pager {
             write_scans: r(&c.write_scans),
             write_sweeps: r(&c.write_sweeps),
             written_folios: r(&c.written_folios),
+            reclaim_passes: r(&c.reclaim_passes),
+            staging_frees: r(&c.staging_frees),
             resident_bytes: self.inner.resident_bytes() as u64,
             swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
