@@ -55,7 +55,7 @@ impl Inner {
                 shared_at = Instant::now();
                 self.rescan_shared(&staging);
                 self.rescan_shared_now.store(false, Ordering::Release);
-                self.reclaimed.1.notify_all();
+                self.wake_reclaim_waiters();
             }
             if Instant::now() >= rescan_at {
                 rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
@@ -126,7 +126,7 @@ impl Inner {
                         m.add_evicted(pass.evicted as u64);
                     }
                     self.refresh_limit();
-                    self.reclaimed.1.notify_all();
+                    self.wake_reclaim_waiters();
                     if shrank || pass.evicted + pass.parked > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                         // Progress, or unevictable folios set aside: go on.
                         backoff = Duration::ZERO;
@@ -203,7 +203,7 @@ impl Inner {
                 }
             }
             drop(gate);
-            self.reclaimed.1.notify_all();
+            self.wake_reclaim_waiters();
         }
     }
 
@@ -327,6 +327,12 @@ impl Inner {
             }
         }
         let n = moved.len();
+        if n > 0 {
+            // The pages are out of the program (usage fell at isolation):
+            // a fault waiting in `throttle` goes on now, not when the pass
+            // has been compressed and stored.
+            self.wake_reclaim_waiters();
+        }
         // Every run of every folio goes to the tier in one call, so that a
         // compressor with engines spreads the pass over every core.
         let mut reqs = Vec::with_capacity(n);
