@@ -172,14 +172,8 @@ impl Inner {
                     break;
                 }
                 // Done for now: the stale copies in staging go.
-                match staging.release(&self.uffd, self.register_mode()) {
-                    Ok(true) => inc(&self.counters.staging_frees),
-                    Ok(false) => {}
-                    Err(e) => {
-                        log::error!("re-registering the staging area failed ({e}); reclaim stops");
-                        self.stop.store(true, Ordering::Release);
-                    }
-                }
+                let freed = staging.release(&self.uffd, self.register_mode());
+                self.staging_freed(freed);
             }
             // Idle, or stuck with the pool full (the limit soft: what
             // recompression frees lets reclaim go on): the pool's cold
@@ -204,6 +198,24 @@ impl Inner {
             }
             drop(gate);
             self.wake_reclaim_waiters();
+        }
+    }
+
+    /// Counts a free of the staging area; on an error (registering it
+    /// again failed) reclaim stops. Returns whether reclaim may go on.
+    fn staging_freed(&self, freed: Result<bool, UffdError>) -> bool {
+        match freed {
+            Ok(f) => {
+                if f {
+                    inc(&self.counters.staging_frees);
+                }
+                true
+            }
+            Err(e) => {
+                log::error!("re-registering the staging area failed ({e}); reclaim stops");
+                self.stop.store(true, Ordering::Release);
+                false
+            }
         }
     }
 
@@ -240,19 +252,11 @@ impl Inner {
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
         // This pass's slots follow the last one's (see staging.rs).
-        let first_slot = match staging.begin_pass(&self.uffd, self.register_mode()) {
-            Ok((s, freed)) => {
-                if freed {
-                    inc(&self.counters.staging_frees);
-                }
-                s
-            }
-            Err(e) => {
-                log::error!("re-registering the staging area failed ({e}); reclaim stops");
-                self.stop.store(true, Ordering::Release);
-                return pass;
-            }
-        };
+        let freed = staging.make_room(&self.uffd, self.register_mode());
+        if !self.staging_freed(freed) {
+            return pass;
+        }
+        let first_slot = staging.next_slot();
         let mut isolated = Vec::new();
         let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in self.isolate_folios(tracker) {

@@ -16,7 +16,7 @@
 //! every CPU the program runs on. So the area holds several passes (up to
 //! `STAGING_BYTES`): each pass takes the slots after the last one's, and
 //! the area is freed once the next pass might not fit
-//! ([`Staging::begin_pass`]), or when reclaim stops for now
+//! ([`Staging::make_room`]), or when reclaim stops for now
 //! ([`Staging::release`]), so no stale copy outlives a burst of reclaim.
 
 use crate::mapping::{Mapping, PAGE_SIZE};
@@ -79,20 +79,26 @@ impl Staging {
         })
     }
 
-    /// The first slot of the next pass, which may use `pass_slots` slots
-    /// from it, and whether the area was freed first to make them fit.
+    /// Makes room for the next pass (`pass_slots` slots from
+    /// [`next_slot`](Self::next_slot)): frees the area if they do not fit.
+    /// Returns whether it freed it.
     ///
     /// # Errors
     /// As [`free`](Self::free).
-    pub(super) fn begin_pass(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<(usize, bool), UffdError> {
+    pub(super) fn make_room(&mut self, uffd: &Uffd, mode: RegisterMode) -> Result<bool, UffdError> {
         let full = self.next + self.pass_slots > self.in_exec.len();
         if full {
             self.free(uffd, mode)?;
         }
-        Ok((self.next, full))
+        Ok(full)
     }
 
-    /// The pass that began at [`begin_pass`](Self::begin_pass) used the
+    /// The first slot no pass has used since the last free.
+    pub(super) fn next_slot(&self) -> usize {
+        self.next
+    }
+
+    /// The pass that began at [`next_slot`](Self::next_slot) used the
     /// slots up to `end`: they stay as they are until the area is freed.
     pub(super) fn end_pass(&mut self, end: usize) {
         debug_assert!(end >= self.next && end <= self.in_exec.len());
