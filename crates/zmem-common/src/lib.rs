@@ -39,9 +39,12 @@ pub mod defaults {
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
     /// The eviction unit.
     pub const FOLIO_SIZE: usize = 64 << 10;
-    /// Reclaim starts above this percent of the limit, and stops below the low one.
-    pub const HIGH_WATERMARK_PERCENT: u32 = 95;
-    pub const LOW_WATERMARK_PERCENT: u32 = 85;
+    /// Reclaim starts above this percent of the limit, and stops below the
+    /// low one. Close to the limit and to each other: every byte between
+    /// the low watermark and the limit is memory the program pages through
+    /// on average (ARCHITECTURE.md, "Accounting and the soft limit").
+    pub const HIGH_WATERMARK_PERCENT: u32 = 99;
+    pub const LOW_WATERMARK_PERCENT: u32 = 97;
     /// Folios per reclaim pass…
     pub const RECLAIM_BATCH: usize = 8;
     /// …and at least this many bytes, when folios are small.

@@ -1266,12 +1266,18 @@ fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
 /// refault distance is most of what is resident). So the share moves
 /// towards the pool, which holds about twice what the same bytes of
 /// resident pages do, and every page reads back as written across the
-/// pool's changing limit.
+/// pool's changing limit. The watermarks are the ones the balance was
+/// tuned at (95% and 85%): with the defaults (99% and 97%) the share did
+/// not move within the 30 s below, with 32k swap refaults in 750k loads.
+/// The balance is off by default and needs retuning before it can be on
+/// (ARCHITECTURE.md, "The pool's share of the limit").
 #[test]
 fn swap_refaults_move_the_pools_share_up_and_every_page_reads_back() {
     let _wd = watchdog("balance", 120);
     let p = Pager::new(PagerConfig {
         read_ahead: 0,
+        high_watermark_percent: 95,
+        low_watermark_percent: 85,
         pool_balance: Some((20, 80)),
         tier: TierConfig { memory_budget: 16 << 20, max_pool_percent: 50, ..TierConfig::default() },
         ..PagerConfig::with_limit(16 << 20)
