@@ -102,14 +102,20 @@ impl Inner {
             // Direct reclaim, bounded: wait for the reclaimer a little.
             inc(&self.counters.direct_reclaim_waits);
             let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
-            // Checked under the lock that `wake_reclaim_waiters` takes, so
-            // no wake-up falls between the check and the wait (it did: a
-            // fault waited out the whole timeout, 1-2 ms, for the 1% of
-            // `bench fault`'s loads that came after a pass's notify).
-            let mut g = self.reclaimed.0.lock_ok();
-            while self.usage() > self.limit() && Instant::now() < deadline {
-                g = unpoison(self.reclaimed.1.wait_timeout(g, Duration::from_millis(1))).0;
-            }
+            self.wait_for_reclaim_while(deadline, Duration::from_millis(1), || self.usage() > self.limit());
+        }
+    }
+
+    /// Waits while `cond` holds, until `deadline`, woken by
+    /// [`wake_reclaim_waiters`](Self::wake_reclaim_waiters) or every `step`.
+    /// `cond` is checked under the lock the wake-up takes, so no wake-up
+    /// falls between the check and the wait (one did: a fault waited out
+    /// the whole timeout, 1-2 ms, for the 1% of `bench fault`'s loads that
+    /// came after a pass's notify).
+    pub(super) fn wait_for_reclaim_while(&self, deadline: Instant, step: Duration, cond: impl Fn() -> bool) {
+        let mut g = self.reclaimed.0.lock_ok();
+        while cond() && Instant::now() < deadline {
+            g = unpoison(self.reclaimed.1.wait_timeout(g, step)).0;
         }
     }
 

@@ -122,7 +122,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use zmem_common::{unpoison, LockExt, RwLockExt};
+use zmem_common::{LockExt, RwLockExt};
 
 use zmem_common::ConfigError;
 use zmem_tier::{Tier, TierConfig};
@@ -491,20 +491,14 @@ impl Pager {
         if self.inner.forked.load(Ordering::Relaxed) {
             self.inner.rescan_shared_now.store(true, Ordering::Release);
             self.inner.kick_reclaim();
-            // Checked under the lock the reclaimer's wake-ups take.
-            let mut g = self.inner.reclaimed.0.lock_ok();
-            while self.inner.rescan_shared_now.load(Ordering::Acquire) && Instant::now() < deadline {
-                g = unpoison(self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(1))).0;
-            }
+            self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(1), || {
+                self.inner.rescan_shared_now.load(Ordering::Acquire)
+            });
         }
         self.inner.kick_reclaim();
-        let mut g = self.inner.reclaimed.0.lock_ok();
-        while self.inner.usage() > self.inner.low()
-            && !self.inner.soft.load(Ordering::Relaxed)
-            && Instant::now() < deadline
-        {
-            g = unpoison(self.inner.reclaimed.1.wait_timeout(g, Duration::from_millis(5))).0;
-        }
+        self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(5), || {
+            self.inner.usage() > self.inner.low() && !self.inner.soft.load(Ordering::Relaxed)
+        });
     }
 }
 
