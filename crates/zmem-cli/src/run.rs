@@ -13,7 +13,7 @@ use zmem_uffd::tree::Tree;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
 ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \
-ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_HANDLER_FOLLOW, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
+ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_HANDLER_FOLLOW, ZMEM_HANDLER_HOLD, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
     /// Resident memory plus pool plus metadata of the managed memory.

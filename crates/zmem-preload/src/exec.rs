@@ -52,6 +52,9 @@ struct Carry {
     execvpe: usize,
     posix_spawn: usize,
     posix_spawnp: usize,
+    /// The next `system` and `popen`.
+    system: usize,
+    popen: usize,
 }
 
 static CARRY: OnceLock<Carry> = OnceLock::new();
@@ -74,6 +77,7 @@ pub(crate) fn prepare() {
         let execvpe = sym(c"execvpe");
         let posix_spawn = sym(c"posix_spawn");
         let posix_spawnp = sym(c"posix_spawnp");
+        let (system, popen) = (sym(c"system"), sym(c"popen"));
         let mut info = libc::Dl_info {
             dli_fname: std::ptr::null(),
             dli_fbase: std::ptr::null_mut(),
@@ -106,7 +110,16 @@ pub(crate) fn prepare() {
         preload.extend_from_slice(shim.as_bytes());
         let vars = if shim.is_empty() { Vec::new() } else { vars };
         // No NUL inside: `shim` came from a C string.
-        Carry { preload: CString::new(preload).unwrap_or_default(), shim, vars, execvpe, posix_spawn, posix_spawnp }
+        Carry {
+            preload: CString::new(preload).unwrap_or_default(),
+            shim,
+            vars,
+            execvpe,
+            posix_spawn,
+            posix_spawnp,
+            system,
+            popen,
+        }
     });
 }
 
@@ -173,6 +186,9 @@ impl Drop for Spill {
 /// `envp` is null or a null-terminated array of NUL-terminated strings,
 /// alive across the call.
 unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c_char) -> R) -> R {
+    // A thread the handler holds on its CPU (`zmem_uffd::unhold_current_thread`)
+    // hands no child its narrowed mask.
+    zmem_uffd::unhold_current_thread();
     let Some(c) = carry().filter(|c| !c.shim.as_bytes().is_empty()) else { return f(envp) };
     if envp.is_null() {
         return f(envp);
@@ -414,4 +430,36 @@ pub unsafe extern "C" fn posix_spawnp(
     let next = carry().map(|c| c.posix_spawnp);
     // SAFETY: the caller's contract, passed on.
     unsafe { spawn(next, pid, file, actions, attr, argv, envp) }
+}
+
+/// `system(3)`: the C library's, after the calling thread has its own CPU
+/// mask back (`zmem_uffd::unhold_current_thread`). glibc spawns its shell
+/// with an internal posix_spawn that no wrapper sees; the child's
+/// environment is the process's, which has the shim already.
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    zmem_uffd::unhold_current_thread();
+    let Some(next) = carry().map(|c| c.system).filter(|&f| f != 0) else {
+        crate::init::set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: `next` is the C library's `system` (dlsym).
+    let next = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const c_char) -> c_int>(next) };
+    // SAFETY: the caller's argument, as system(3) takes it.
+    unsafe { next(command) }
+}
+
+/// `popen(3)`, as `system` above.
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    zmem_uffd::unhold_current_thread();
+    let Some(next) = carry().map(|c| c.popen).filter(|&f| f != 0) else {
+        crate::init::set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    // SAFETY: `next` is the C library's `popen` (dlsym).
+    let next = unsafe { std::mem::transmute::<usize, PopenFn>(next) };
+    // SAFETY: the caller's arguments, as popen(3) takes them.
+    unsafe { next(command, mode) }
 }

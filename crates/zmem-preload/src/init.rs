@@ -83,6 +83,9 @@ fn install(s: Shim) {
 /// execs (or exits) without touching the parent's memory.
 extern "C" fn before_fork() {
     guarded(|| {
+        // The child must not inherit the mask of a thread held on the
+        // handler's CPU (`zmem_uffd::unhold_current_thread`).
+        zmem_uffd::unhold_current_thread();
         let table = REGIONS.write_ok();
         if let Some(s) = current() {
             s.pager.fork_prepare();

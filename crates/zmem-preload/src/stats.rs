@@ -220,6 +220,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "move_recounts": p.move_recounts,
             "handler_follows": p.handler_follows,
             "handler_releases": p.handler_releases,
+            "handler_holds": p.handler_holds,
             "fork_loads": p.fork_loads,
             "fork_handovers": p.fork_handovers,
             "fork_child_faults": p.fork_child_faults,

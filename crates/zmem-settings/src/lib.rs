@@ -18,6 +18,7 @@
 //! | `ZMEM_SHOW_LIMIT` | `0` | `1`: the program sees the limit as its machine's memory (`sysconf(_SC_PHYS_PAGES)`, `_SC_AVPHYS_PAGES`, `sysinfo`), as a program in a memory cgroup sees the cgroup's limit |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_HANDLER_FOLLOW` | `1` | `0`: the fault handler never pins itself to the CPU of the thread that takes most of its faults |
+//! | `ZMEM_HANDLER_HOLD` | `1` | `0`: never narrow that thread's affinity to the handler's CPU while its faults are served (done only where the scheduler keeps moving it away) |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
 //! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
@@ -54,6 +55,8 @@ pub struct Settings {
     pub stacks: bool,
     /// `PagerConfig::handler_follow`.
     pub handler_follow: bool,
+    /// `PagerConfig::handler_hold`.
+    pub handler_hold: bool,
     /// A forked child takes its evicted pages over from its parent
     /// (`UFFD_FEATURE_EVENT_FORK`); off (the default): a fork loads them
     /// back first.
@@ -161,6 +164,7 @@ impl Default for Settings {
             adopt: true,
             stacks: false,
             handler_follow: true,
+            handler_hold: true,
             fork_event: false,
             show_limit: false,
             scan_interval: Duration::from_millis(100),
@@ -209,6 +213,7 @@ impl Settings {
                 "ZMEM_ADOPT" => s.adopt = parse_bool(k, v)?,
                 "ZMEM_STACKS" => s.stacks = parse_bool(k, v)?,
                 "ZMEM_HANDLER_FOLLOW" => s.handler_follow = parse_bool(k, v)?,
+                "ZMEM_HANDLER_HOLD" => s.handler_hold = parse_bool(k, v)?,
                 "ZMEM_FORK_EVENT" => s.fork_event = parse_bool(k, v)?,
                 "ZMEM_SHOW_LIMIT" => s.show_limit = parse_bool(k, v)?,
                 "ZMEM_SCAN_MS" => {
@@ -304,6 +309,7 @@ impl Settings {
         cfg.tree = self.tree.clone();
         cfg.fork_event = self.fork_event;
         cfg.handler_follow = self.handler_follow;
+        cfg.handler_hold = self.handler_hold;
         cfg
     }
 }

@@ -63,6 +63,11 @@ pub struct PagerConfig {
     /// the thread that takes most of its faults, and lets go when no thread
     /// does (see `pager/follow.rs`).
     pub handler_follow: bool,
+    /// While following: where the scheduler keeps moving the thread
+    /// followed off the handler's CPU, hold it there while its faults are
+    /// served (its affinity narrowed for that moment; see
+    /// `pager/follow.rs`).
+    pub handler_hold: bool,
     /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
     /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
     /// referenced only when it is faulted in.
@@ -204,6 +209,7 @@ impl PagerConfig {
             handler_spin_hot: Duration::from_micros(100),
             handler_cpus: Vec::new(),
             handler_follow: true,
+            handler_hold: true,
             track_writes: true,
             keep_on_fork: false,
             fork_event: false,

@@ -320,9 +320,11 @@ impl Inner {
         }
         let mut bounce = vec![0u8; self.cfg.folio_size];
         let mut ra = ReadAhead::default();
-        let mut pending: VecDeque<(u64, bool)> = VecDeque::new();
+        // Faults read and not yet served: address, write, thread.
+        let mut pending: VecDeque<(u64, bool, u32)> = VecDeque::new();
         let mut spin = super::spin::Spin::new(self.cfg.handler_spin, self.cfg.handler_spin_hot, Instant::now());
-        let mut follow = super::follow::Follow::new(cpu.is_none() && self.cfg.handler_follow, Instant::now());
+        let mut follow =
+            super::follow::Follow::new(cpu.is_none() && self.cfg.handler_follow, self.cfg.handler_hold, Instant::now());
         // Read into without allocating: fork waits for its event to be read
         // while the forking thread holds the allocator's locks.
         let mut events: Vec<Event> = Vec::with_capacity(64);
@@ -411,7 +413,7 @@ impl Inner {
                 match ev {
                     Event::PageFault { addr, write, thread_id, .. } => {
                         follow.fault(thread_id);
-                        pending.push_back((addr, write));
+                        pending.push_back((addr, write, thread_id));
                     }
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
                         let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
@@ -438,8 +440,16 @@ impl Inner {
             let mut i = 0;
             let had = pending.len();
             while i < pending.len() {
-                let (addr, write) = pending[i];
-                match self.fault(addr, write, &mut bounce, &mut ra) {
+                let (addr, write, tid) = pending[i];
+                // The thread followed, held on this CPU while its fault is
+                // served where the scheduler keeps moving it (`follow.rs`).
+                let held = follow.hold(tid);
+                let served = self.fault(addr, write, &mut bounce, &mut ra);
+                if held {
+                    follow.let_go(tid);
+                    inc(&self.counters.handler_holds);
+                }
+                match served {
                     Served::Done => {
                         pending.remove(i);
                     }

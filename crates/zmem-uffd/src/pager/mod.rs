@@ -128,6 +128,7 @@ use zmem_common::ConfigError;
 use zmem_tier::{Tier, TierConfig};
 
 pub use config::{AdoptConfig, PagerConfig, PagerError};
+pub use follow::unhold_current_thread;
 use lru::Lru;
 pub use region::Region;
 use region::RegionState;

@@ -58,6 +58,9 @@ pub struct PagerStats {
     /// the scheduler place it again.
     pub handler_follows: u64,
     pub handler_releases: u64,
+    /// Faults served with the thread held on the handler's CPU
+    /// (`PagerConfig::handler_hold`).
+    pub handler_holds: u64,
     /// Folios loaded back before a fork, so that the child's copy is whole.
     pub fork_loads: u64,
     /// Forked children handed their memory (`fork_event`), faults of theirs
@@ -178,6 +181,7 @@ pub(super) struct Counters {
     pub(super) move_recounts: AtomicU64,
     pub(super) handler_follows: AtomicU64,
     pub(super) handler_releases: AtomicU64,
+    pub(super) handler_holds: AtomicU64,
     pub(super) fork_loads: AtomicU64,
     pub(super) fork_handovers: AtomicU64,
     pub(super) fork_child_faults: AtomicU64,
@@ -252,6 +256,7 @@ impl Pager {
             move_recounts: r(&c.move_recounts),
             handler_follows: r(&c.handler_follows),
             handler_releases: r(&c.handler_releases),
+            handler_holds: r(&c.handler_holds),
             fork_loads: r(&c.fork_loads),
             fork_handovers: r(&c.fork_handovers),
             fork_child_faults: r(&c.fork_child_faults),
