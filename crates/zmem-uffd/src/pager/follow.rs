@@ -264,11 +264,13 @@ impl Follow {
         // Never wait for the record: in a forked child, a copy its
         // parent's handler held at the fork stays locked for good.
         let Some(mut held) = try_held() else { return false };
-        if held.is_some_and(|h| h.tid != tid) {
-            // Another handler holds a thread: one record, one holder.
+        let pid_now = rustix::process::getpid().as_raw_nonzero().get();
+        if held.is_some_and(|h| h.tid != tid && h.pid == pid_now) {
+            // Another handler holds a thread: one record, one holder. (A
+            // record of another process is a parent's, copied by a fork
+            // while one of its other threads was held: stale here.)
             return false;
         }
-        let pid_now = rustix::process::getpid().as_raw_nonzero().get();
         *held = Some(Held { pid: pid_now, tid, cpu, mask });
         drop(held);
         let mut one = CpuSet::new();
