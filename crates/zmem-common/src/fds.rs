@@ -13,9 +13,31 @@
 //!
 //! A fixed table of atomics: `close` looks here on every call, from any
 //! thread, before the shim has started too.
+//!
+//! # Opening and closing beside the program's close
+//!
+//! A descriptor zmem opens while the program runs (the handler's
+//! `/proc/self/task/TID/stat`, a scan's `/proc/self/maps`, the stats
+//! thread's temporary file) is not in the table between `open` and
+//! [`keep`], nor between [`forget`] and `close`. A `close_range` of the
+//! program's in that window closed it: zmem then read the program's next
+//! file under that number, or closed it, and a debug build aborted ("owned
+//! file descriptor already closed", 1 run in 6 or so of the `run` test
+//! `closing_every_descriptor_keeps_zmems_own_and_every_block`). So zmem
+//! opens and closes only inside a *section* ([`open_kept`], [`KeptFd`]'s
+//! drop, [`read_to_string`]) and the shim's `close` family runs inside
+//! [`closing`]: a section is entered only while no close runs, and a close
+//! waits for the sections under way to end. Both are short (a syscall or
+//! two). Neither side waits for the other to make progress it cannot make:
+//! the handler waits at most 20 µs to enter (a section it cannot enter is
+//! skipped or left to later, see [`Wait::No`]), so a program thread that
+//! faults inside [`closing`] is still served.
 
+use std::cell::Cell;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// Descriptors kept at once: a pager keeps about five.
 pub const SLOTS: usize = 64;
@@ -24,7 +46,7 @@ static KEPT: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
 /// Keeps `fd` from the program's `close` family until [`forget`].
 pub fn keep(fd: RawFd) {
-    if fd < 0 {
+    if fd < 0 || KEPT.iter().any(|s| s.load(Ordering::Acquire) == fd) {
         return;
     }
     if KEPT.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
@@ -84,6 +106,10 @@ pub fn kept(out: &mut [RawFd; SLOTS]) -> usize {
 /// as it abandons that pager (the program's own files may get those
 /// numbers next, and must be its to close).
 pub fn take_all(out: &mut [RawFd; SLOTS]) -> usize {
+    // The deferred ones are in the table too: they go with it.
+    for s in &DEFERRED {
+        s.store(-1, Ordering::Release);
+    }
     let mut n = 0;
     for s in &KEPT {
         let fd = s.swap(-1, Ordering::AcqRel);
@@ -95,21 +121,278 @@ pub fn take_all(out: &mut [RawFd; SLOTS]) -> usize {
     n
 }
 
-/// An [`OwnedFd`] kept ([`keep`]) for as long as it lives.
+/// zmem's sections under way (see the module's doc).
+static OPENING: AtomicU32 = AtomicU32::new(0);
+/// The program's closes under way.
+static CLOSING: AtomicU32 = AtomicU32::new(0);
+/// The process whose threads made the sections counted in `OPENING`: a
+/// child forked with the raw syscall (no atfork handler, so no
+/// [`reset_in_child`]) has its parent's count, which none of its threads
+/// will ever take back.
+static SECTION_PID: AtomicI32 = AtomicI32::new(0);
+
+thread_local! {
+    /// This thread's sections: a `close` it makes inside one (a std
+    /// `File` dropped there) must not wait for its own section to end.
+    static IN_SECTION: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Kept descriptors whose owner was dropped while a close of the program's
+/// ran: the next section closes them.
+static DEFERRED: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+
+/// How long a section waits to be entered with [`Wait::Yes`].
+const WAIT_FOR: Duration = Duration::from_secs(1);
+/// ... and with [`Wait::No`]: a close's syscall, not a close that faults.
+const WAIT_BRIEFLY: Duration = Duration::from_micros(20);
+
+/// Whether to wait for the program's closes under way to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Up to a second (background threads).
+    Yes,
+    /// Only a few microseconds, spinning (the handler: the closing thread
+    /// may be waiting for it to serve a fault).
+    No,
+}
+
+/// A section entered: no close of the program's runs until it is dropped.
+/// Inside one, make descriptors and [`keep`] them, or close kept ones and
+/// [`forget`] them; nothing else (no fault on the program's memory, no
+/// wait for another thread).
 #[derive(Debug)]
-pub struct KeptFd(OwnedFd);
+pub struct Section(());
+
+impl Section {
+    /// Enters a section, waiting as `wait` says for the program's closes
+    /// under way to end; `None` if they did not in time.
+    ///
+    /// A section claims its place first and then waits; a close that
+    /// finds a claim backs off (`closing`). So a program that closes
+    /// descriptors one by one in a tight loop (a daemon's `for fd in 3..N`)
+    /// lets zmem in between two closes: it waits at most for one.
+    pub fn enter(wait: Wait) -> Option<Section> {
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let before = SECTION_PID.swap(me, Ordering::SeqCst);
+        if before != 0 && before != me {
+            // The first section of a child forked without atfork
+            // handlers: the count is its parent's.
+            OPENING.store(0, Ordering::SeqCst);
+        }
+        OPENING.fetch_add(1, Ordering::SeqCst);
+        if IN_SECTION.get() == 0 {
+            // SeqCst on both sides (here and in `closing`): of a section
+            // and a close that start together, at least one sees the
+            // other's claim.
+            let limit = match wait {
+                Wait::Yes => WAIT_FOR,
+                Wait::No => WAIT_BRIEFLY,
+            };
+            let start = Instant::now();
+            let mut spins = 0u32;
+            while CLOSING.load(Ordering::SeqCst) != 0 {
+                if start.elapsed() >= limit {
+                    dec(&OPENING);
+                    return None;
+                }
+                spins += 1;
+                if spins < 64 || wait == Wait::No {
+                    std::hint::spin_loop();
+                } else if spins < 256 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+        IN_SECTION.set(IN_SECTION.get() + 1);
+        close_deferred();
+        Some(Section(()))
+    }
+
+    /// Enters a section only if no close of the program's runs now.
+    pub fn try_enter() -> Option<Section> {
+        Section::enter(Wait::No)
+    }
+}
+
+impl Drop for Section {
+    fn drop(&mut self) {
+        IN_SECTION.set(IN_SECTION.get() - 1);
+        dec(&OPENING);
+    }
+}
+
+/// Runs `f`, the program's close of descriptors (the shim's `close`
+/// family), once zmem's sections under way have ended, and keeps new ones
+/// from starting until it returns. `f` must not wait for zmem.
+pub fn closing<R>(f: impl FnOnce() -> R) -> R {
+    if IN_SECTION.get() != 0 {
+        // zmem's own close inside one of its sections: nothing to wait for.
+        return f();
+    }
+    let mut spins = 0u32;
+    loop {
+        CLOSING.fetch_add(1, Ordering::SeqCst);
+        if OPENING.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        // A section has claimed its place: it goes first.
+        dec(&CLOSING);
+        while OPENING.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 128 {
+                std::hint::spin_loop();
+            } else {
+                // A section is a syscall or two: one that seems to last
+                // may be a parent's, in a child forked without atfork
+                // handlers.
+                // SAFETY: getpid has no preconditions.
+                let me = unsafe { libc::getpid() };
+                if SECTION_PID.load(Ordering::SeqCst) != me {
+                    let _ =
+                        OPENING.compare_exchange(OPENING.load(Ordering::SeqCst), 0, Ordering::SeqCst, Ordering::SeqCst);
+                    SECTION_PID.store(me, Ordering::SeqCst);
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+    let r = f();
+    dec(&CLOSING);
+    r
+}
+
+/// Takes one from a count, never below 0 (a count reset under a child
+/// forked without atfork handlers must not wrap, and keep every close
+/// waiting).
+fn dec(count: &AtomicU32) {
+    let _ = count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(v.saturating_sub(1)));
+}
+
+/// In a forked child, whose only thread is the one that forked: the
+/// sections and closes that other threads of the parent had under way are
+/// not in it.
+pub fn reset_in_child() {
+    OPENING.store(0, Ordering::SeqCst);
+    // SAFETY: getpid has no preconditions.
+    SECTION_PID.store(unsafe { libc::getpid() }, Ordering::SeqCst);
+    CLOSING.store(0, Ordering::SeqCst);
+    IN_SECTION.set(0);
+}
+
+/// Closes `fd` with the syscall, not the shim's `close` (which would see it
+/// kept, or wait for this thread's own section).
+fn close_raw(fd: RawFd) {
+    // SAFETY: fd is a descriptor zmem owns and closes once (the caller's);
+    // close(2) touches no memory.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
+
+fn close_deferred() {
+    for s in &DEFERRED {
+        let fd = s.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            close_raw(fd);
+            forget(fd);
+        }
+    }
+}
+
+/// Opens a descriptor with `open` and keeps it, with no close of the
+/// program's in between; `None` where the program's closes kept the
+/// section from starting (`wait`).
+pub fn open_kept<E>(wait: Wait, open: impl FnOnce() -> Result<OwnedFd, E>) -> Option<Result<KeptFd, E>> {
+    let _s = Section::enter(wait)?;
+    Some(open().map(KeptFd::new))
+}
+
+/// A whole file as text, read through a kept descriptor: for the files
+/// zmem's threads read while the program runs (`/proc/self/statm`,
+/// `/proc/PID/stat`).
+///
+/// # Errors
+/// Opening or reading the file, or [`std::io::ErrorKind::WouldBlock`] if
+/// the program's closes kept it from being opened (`wait`).
+pub fn read_to_string(wait: Wait, path: &std::path::Path) -> std::io::Result<String> {
+    let fd = open_kept(wait, || std::fs::File::open(path).map(OwnedFd::from))
+        .unwrap_or_else(|| Err(std::io::ErrorKind::WouldBlock.into()))?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: buf is writable for its length; fd is open (kept).
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => break,
+            n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// An [`OwnedFd`] kept ([`keep`]) for as long as it lives; dropping it
+/// closes it in a section (or leaves it to the next one, kept until then).
+#[derive(Debug)]
+pub struct KeptFd(ManuallyDrop<OwnedFd>);
 
 impl KeptFd {
+    /// Keeps `fd`, opened where no close of the program's can run (the
+    /// shim's start-up, a forked child's only thread, inside a
+    /// [`Section`]); elsewhere use [`open_kept`].
     pub fn new(fd: OwnedFd) -> KeptFd {
         keep(fd.as_raw_fd());
-        KeptFd(fd)
+        KeptFd(ManuallyDrop::new(fd))
     }
+
+    /// The descriptor, no longer kept: the program's `close` reaches it
+    /// again. Only where no close of the program's can run (a forked
+    /// child's only thread).
+    pub fn into_owned(self) -> OwnedFd {
+        let mut me = ManuallyDrop::new(self);
+        forget(me.0.as_raw_fd());
+        // SAFETY: `me` is never dropped (ManuallyDrop), so the OwnedFd is
+        // taken out exactly once.
+        unsafe { ManuallyDrop::take(&mut me.0) }
+    }
+}
+
+/// Makes a pair of descriptors with `open` (a socketpair) and keeps both,
+/// as [`open_kept`] does one.
+pub fn open_kept_pair<E>(
+    wait: Wait,
+    open: impl FnOnce() -> Result<(OwnedFd, OwnedFd), E>,
+) -> Option<Result<(KeptFd, KeptFd), E>> {
+    let _s = Section::enter(wait)?;
+    Some(open().map(|(a, b)| (KeptFd::new(a), KeptFd::new(b))))
 }
 
 impl Drop for KeptFd {
     fn drop(&mut self) {
-        // Before the field's own drop closes it.
-        forget(self.0.as_raw_fd());
+        let fd = self.0.as_raw_fd();
+        // Not the OwnedFd's drop: the shim's close would refuse a kept fd.
+        // Never waits long: the handler drops these too.
+        if let Some(_s) = Section::enter(Wait::No) {
+            close_raw(fd);
+            forget(fd);
+            return;
+        }
+        // A close of the program's runs: still kept, closed by the next
+        // section.
+        if DEFERRED.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+            return;
+        }
+        // Every slot taken (16 drops during one close of the program's):
+        // close now, with the window this module is there to shut open
+        // again, rather than leak the descriptor.
+        forget(fd);
+        close_raw(fd);
     }
 }
 
@@ -123,6 +406,23 @@ impl std::ops::Deref for KeptFd {
 impl AsFd for KeptFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
+    }
+}
+
+/// Writes go straight to the descriptor (wrap it in a `BufWriter`).
+impl std::io::Write for KeptFd {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        // SAFETY: bytes is readable for its length; the descriptor is open
+        // (kept) while self lives.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -174,5 +474,131 @@ mod tests {
         for s in &FOR_GOOD {
             let _ = s.compare_exchange(raw, -1, Ordering::AcqRel, Ordering::Relaxed);
         }
+    }
+
+    fn is_dev_zero(fd: RawFd) -> bool {
+        let zero = std::fs::metadata("/dev/zero").map(|m| std::os::unix::fs::MetadataExt::rdev(&m)).unwrap();
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: st is writable for one stat; fstat only writes it.
+        let r = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+        // SAFETY: fstat filled st when it returned 0.
+        r == 0 && unsafe { st.assume_init() }.st_rdev == zero
+    }
+
+    /// What the shim's `close_range` does, against zmem threads that open
+    /// and drop kept descriptors all the while: no descriptor of theirs is
+    /// ever closed under them (it was, between open and keep, before
+    /// sections), and none they drop is left open.
+    #[test]
+    fn a_program_closing_every_descriptor_never_closes_one_zmem_is_opening_or_dropping() {
+        let _t = table();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let openers: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Open, then give the CPU away before the keep: a
+                        // handler preempted there, where the race was.
+                        let open = || {
+                            let f = std::fs::File::open("/dev/zero").map(OwnedFd::from);
+                            std::thread::yield_now();
+                            f
+                        };
+                        let fd = open_kept(Wait::Yes, open).expect("a section within a second").unwrap();
+                        std::thread::yield_now();
+                        assert!(is_dev_zero(fd.as_raw_fd()), "a kept descriptor was closed under its owner");
+                        drop(fd);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut closed = 0;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(1500) {
+            closing(|| {
+                for fd in 3..1024 {
+                    if !is_kept(fd) && is_dev_zero(fd) {
+                        close_raw(fd);
+                        closed += 1;
+                    }
+                }
+            });
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let opened: u64 = openers.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(opened > 100, "the openers made progress: {opened}");
+        // Deferred ones are closed by the next section.
+        drop(Section::try_enter());
+        assert_eq!(closed, 0, "the program's close found zmem's descriptors unkept {closed} times");
+        for fd in 3..1024 {
+            assert!(!is_dev_zero(fd), "descriptor {fd} was dropped but left open");
+        }
+    }
+
+    #[test]
+    fn a_kept_descriptor_dropped_during_a_close_is_closed_by_the_next_section() {
+        let _t = table();
+        let fd = open_kept(Wait::No, || std::fs::File::open("/dev/zero").map(OwnedFd::from)).unwrap().unwrap();
+        let raw = fd.as_raw_fd();
+        closing(|| {
+            assert!(Section::try_enter().is_none(), "no section while a close runs");
+            drop(fd);
+            assert!(is_kept(raw), "deferred, and kept meanwhile");
+            assert!(is_dev_zero(raw));
+        });
+        drop(Section::try_enter().unwrap());
+        assert!(!is_kept(raw));
+        assert!(!is_dev_zero(raw));
+    }
+
+    /// A child forked with the raw syscall while another thread of the
+    /// parent is in a section: no atfork handler resets the count, and the
+    /// child's first close must not wait for a section that is not there.
+    #[test]
+    fn a_child_forked_without_atfork_handlers_is_not_held_up_by_its_parents_section() {
+        let _t = table();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let s = Section::enter(Wait::Yes).unwrap();
+            tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            drop(s);
+        });
+        rx.recv().unwrap();
+        // SAFETY: the child runs only closing (no allocation, no lock) and
+        // _exit.
+        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+        if pid == 0 {
+            closing(|| ());
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(0) }
+        }
+        assert!(pid > 0);
+        let start = Instant::now();
+        let mut status = 0;
+        let ended = loop {
+            // SAFETY: our child; status is writable.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                break true;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                // SAFETY: our child, stuck.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // SAFETY: reaps it.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(ended, "the child's close waited for its parent's section");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
     }
 }

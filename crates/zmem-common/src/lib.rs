@@ -1,11 +1,13 @@
 //! What every zmem crate shares: the page size, the one table of defaults,
 //! and poison-tolerant locking.
-// No unsafe code but the signal mask of `thread` (a libc call) and the
-// reading and locking of a thread's TLS vector in `tls`.
+// No unsafe code but the signal mask of `thread` (a libc call), the
+// reading and locking of a thread's TLS vector in `tls`, and the raw
+// close, read and write of zmem's kept descriptors in `fds`.
 #![deny(unsafe_code)]
 
 use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+#[allow(unsafe_code)]
 pub mod fds;
 pub mod owned;
 pub mod stats_files;

@@ -8,7 +8,6 @@
 //! sweeps the files whose process is gone.
 
 use std::fs::{DirBuilder, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -60,8 +59,14 @@ pub fn prepare_dir(dir: &Path, owner_uid: Option<u32>) -> std::io::Result<()> {
 pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
     let tmp = tmp_path(dir, pid);
     let _ = std::fs::remove_file(&tmp);
-    let mut f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
-    let r = f.write_all(json.as_bytes()).and_then(|()| std::fs::rename(&tmp, path(dir, pid)));
+    // Kept (`fds`): the program may close every descriptor meanwhile.
+    let mut f = crate::fds::open_kept(crate::fds::Wait::Yes, || {
+        OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map(std::os::fd::OwnedFd::from)
+    })
+    .unwrap_or_else(|| Err(std::io::ErrorKind::WouldBlock.into()))?;
+    let r = std::io::Write::write_all(&mut f, json.as_bytes());
+    drop(f);
+    let r = r.and_then(|()| std::fs::rename(&tmp, path(dir, pid)));
     if r.is_err() {
         // A full disk, or a file this process may no longer replace (a
         // sticky directory after a change of user): no half-written

@@ -16,12 +16,17 @@ use crate::init::set_errno;
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if fds::is_kept(fd) {
-        set_errno(libc::EBADF);
-        return -1;
-    }
-    // SAFETY: the kernel's close with the caller's argument.
-    unsafe { libc::syscall(libc::SYS_close, fd) as c_int }
+    // Inside `closing`: zmem opens and closes its own descriptors only
+    // between the program's closes, so a number it just opened is never
+    // closed here before it is kept.
+    fds::closing(|| {
+        if fds::is_kept(fd) {
+            set_errno(libc::EBADF);
+            return -1;
+        }
+        // SAFETY: the kernel's close with the caller's argument.
+        unsafe { libc::syscall(libc::SYS_close, fd) as c_int }
+    })
 }
 
 #[no_mangle]
@@ -34,11 +39,20 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     if first > last {
         return raw(first, last);
     }
+    // Written before `closing`: no fault on it while zmem's sections are
+    // kept out.
     let mut kept = [0; fds::SLOTS];
-    let n = fds::kept(&mut kept);
+    fds::closing(|| {
+        let n = fds::kept(&mut kept);
+        close_around(&kept[..n], first, last, raw)
+    })
+}
+
+/// Closes `[first, last]` but `kept` (sorted) with `raw`.
+fn close_around(kept: &[c_int], first: c_uint, last: c_uint, raw: impl Fn(c_uint, c_uint) -> c_int) -> c_int {
     let mut lo = u64::from(first);
     let hi = u64::from(last);
-    for &fd in &kept[..n] {
+    for &fd in kept {
         let fd = fd as u64;
         if fd < lo || fd > hi {
             continue;

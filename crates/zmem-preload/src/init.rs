@@ -116,6 +116,9 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     // A child inherits no memory locks (mlockall's MCL_FUTURE included).
     LOCKED_ALL.store(false, Ordering::Relaxed);
+    // The parent's other threads' descriptor sections and closes are not
+    // in the child: before anything here closes a descriptor.
+    zmem_common::fds::reset_in_child();
     crate::stats::after_fork_in_child();
     // SAFETY: this thread is the child's only one. First: the new pager's
     // handler takes its allocations there.

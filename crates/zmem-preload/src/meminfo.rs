@@ -34,6 +34,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, IntoRawFd};
 
 use rustix::fs::{MemfdFlags, Mode, OFlags};
+use zmem_common::fds::{open_kept, Wait};
 
 use crate::guard::{guarded, in_zmem};
 
@@ -94,7 +95,10 @@ unsafe fn shown_fd(path: *const c_char, flags: c_int) -> Option<c_int> {
 fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     let mut real = [0u8; ROOM];
     let n = {
-        let fd = rustix::fs::open(MEMINFO, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+        // zmem's own descriptors, kept (`zmem_common::fds`): another
+        // thread of the program may be closing every descriptor.
+        let fd = open_kept(Wait::Yes, || rustix::fs::open(MEMINFO, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()))?
+            .ok()?;
         let mut n = 0;
         loop {
             match rustix::io::read(&fd, &mut real[n..]) {
@@ -110,7 +114,7 @@ fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     };
     let mut out = [0u8; ROOM];
     let len = rewrite(&real[..n], limit >> 10, free >> 10, &mut out)?;
-    let memfd = rustix::fs::memfd_create(c"meminfo", MemfdFlags::CLOEXEC).ok()?;
+    let memfd = open_kept(Wait::Yes, || rustix::fs::memfd_create(c"meminfo", MemfdFlags::CLOEXEC))?.ok()?;
     let mut done = 0;
     while done < len {
         match rustix::io::write(&memfd, &out[done..len]) {

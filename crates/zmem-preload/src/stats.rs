@@ -137,7 +137,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
     let tier: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap_or(serde_json::Value::Null);
     // The footprint as the OS sees it: RSS (the program's pages, the pool,
     // zmem's metadata) plus the swap file's pages in the page cache.
-    let rss = std::fs::read_to_string("/proc/self/statm")
+    let rss = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/statm".as_ref())
         .ok()
         .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map_or(0, |pages| pages * PAGE as u64);

@@ -48,7 +48,7 @@ impl PageMap {
     /// # Errors
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<PageMap, UffdError> {
-        Ok(PageMap { fd: zmem_common::fds::KeptFd::new(open_pagemap()?) })
+        Ok(PageMap { fd: open_pagemap()? })
     }
 
     /// Whether each of the `n` pages from `addr` holds a page: present, or
@@ -126,10 +126,13 @@ impl PageMap {
     }
 }
 
-fn open_pagemap() -> Result<OwnedFd, UffdError> {
+fn open_pagemap() -> Result<zmem_common::fds::KeptFd, UffdError> {
     use rustix::fs::{Mode, OFlags};
-    rustix::fs::open("/proc/self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })
+    zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || {
+        rustix::fs::open("/proc/self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+    })
+    .unwrap_or(Err(Errno::AGAIN))
+    .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })
 }
 
 /// Write tracking through `PAGEMAP_SCAN` on `/proc/self/pagemap`, for ranges
@@ -148,7 +151,7 @@ impl WriteTracker {
     /// # Errors
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<WriteTracker, UffdError> {
-        let pagemap = zmem_common::fds::KeptFd::new(open_pagemap()?);
+        let pagemap = open_pagemap()?;
         Ok(WriteTracker { pagemap, buf: vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 512] })
     }
 

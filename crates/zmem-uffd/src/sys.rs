@@ -123,7 +123,7 @@ pub enum Event {
     /// A fault at `addr` (page-aligned unless EXACT_ADDRESS was asked for).
     PageFault { addr: u64, write: bool, wp: bool, minor: bool, thread_id: u32 },
     /// The process forked; the child's userfaultfd.
-    Fork { uffd: OwnedFd },
+    Fork { uffd: zmem_common::fds::KeptFd },
     /// `mremap` moved `[from, from + len)` to `to`.
     Remap { from: u64, to: u64, len: u64 },
     /// `madvise(MADV_DONTNEED/REMOVE)` dropped `[start, end)`.
@@ -235,15 +235,21 @@ impl Uffd {
     /// [`UffdError::NotPermitted`] (with what to change),
     /// [`UffdError::Unsupported`], or [`UffdError::MissingFeatures`].
     pub fn open(mode: OpenMode, want: Features) -> Result<Uffd, UffdError> {
-        let probe = open_raw(mode)?;
+        // Kept from the moment they exist (`zmem_common::fds`): a pager may
+        // start while another thread of the program closes descriptors.
+        let kept = || {
+            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || open_raw(mode))
+                .unwrap_or(Err(UffdError::Unsupported(Errno::AGAIN)))
+        };
+        let probe = kept()?;
         let offered = api(&probe, 0).map_err(UffdError::Unsupported)?.features;
         drop(probe);
         if offered & want.0 != want.0 {
             return Err(UffdError::MissingFeatures { missing: want.0 & !offered, offered });
         }
-        let fd = open_raw(mode)?;
+        let fd = kept()?;
         let a = api(&fd, want.0).map_err(UffdError::Unsupported)?;
-        Ok(Uffd { fd: zmem_common::fds::KeptFd::new(fd), features: Features(a.features), ioctls: a.ioctls })
+        Ok(Uffd { fd, features: Features(a.features), ioctls: a.ioctls })
     }
 
     /// The child's userfaultfd from a [`Event::Fork`] of this one. The
@@ -251,8 +257,8 @@ impl Uffd {
     /// handshake (a second one fails), and copied every registration of
     /// the parent's mappings into it: the child's faults come to it from
     /// the moment of fork, whoever holds it.
-    pub fn forked(&self, child: OwnedFd) -> Uffd {
-        Uffd { fd: zmem_common::fds::KeptFd::new(child), features: self.features, ioctls: self.ioctls }
+    pub fn forked(&self, child: zmem_common::fds::KeptFd) -> Uffd {
+        Uffd { fd: child, features: self.features, ioctls: self.ioctls }
     }
 
     /// A userfaultfd handed over by another process (a forked child gets
@@ -571,6 +577,7 @@ impl Uffd {
     /// # Errors
     /// read's error, or a short message.
     pub fn read_event(&self) -> Result<Option<Event>, UffdError> {
+        let _s = self.reading();
         let mut buf = [0u8; MSG_SIZE];
         match rustix::io::read(&self.fd, &mut buf) {
             Ok(MSG_SIZE) => Ok(Some(parse(&buf))),
@@ -592,6 +599,7 @@ impl Uffd {
         out.clear();
         let mut buf = [0u8; MSG_SIZE * MAX];
         let max = out.capacity().clamp(1, MAX);
+        let _s = self.reading();
         let n = match rustix::io::read(&self.fd, &mut buf[..MSG_SIZE * max]) {
             Ok(n) => n,
             Err(Errno::AGAIN) => return Ok(()),
@@ -604,12 +612,25 @@ impl Uffd {
         Ok(())
     }
 
+    /// With FORK events on, a read may put a child's userfaultfd into this
+    /// process's descriptor table: it is read inside a section
+    /// (`zmem_common::fds`), so that the program's `close_range` cannot close
+    /// it before the event is kept, where one can be entered at once (a
+    /// handler never waits).
+    fn reading(&self) -> Option<zmem_common::fds::Section> {
+        if self.features.0 & Features::EVENT_FORK.0 == 0 {
+            return None;
+        }
+        zmem_common::fds::Section::try_enter()
+    }
+
     /// Reads the pending events (non-blocking: none pending is an empty vec).
     ///
     /// # Errors
     /// read's error, or a short message.
     pub fn read_events(&self, max: usize) -> Result<Vec<Event>, UffdError> {
         let mut buf = vec![0u8; MSG_SIZE * max.max(1)];
+        let _s = self.reading();
         let n = match rustix::io::read(&self.fd, &mut buf) {
             Ok(n) => n,
             Err(Errno::AGAIN) => return Ok(Vec::new()),
@@ -643,7 +664,10 @@ fn parse(m: &[u8]) -> Event {
             let raw = u32::from_ne_bytes(m[8..12].try_into().expect("4 bytes")) as i32;
             // SAFETY: the kernel installed this descriptor in our table for
             // the child's userfaultfd and hands its ownership to the reader.
-            Event::Fork { uffd: unsafe { OwnedFd::from_raw_fd(raw) } }
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // Kept at once, inside the reader's section where it has one
+            // (`Uffd::reading`).
+            Event::Fork { uffd: zmem_common::fds::KeptFd::new(fd) }
         }
         uapi::UFFD_EVENT_REMAP => Event::Remap { from: u64_at(m, 8), to: u64_at(m, 16), len: u64_at(m, 24) },
         uapi::UFFD_EVENT_REMOVE => Event::Remove { start: u64_at(m, 8), end: u64_at(m, 16) },

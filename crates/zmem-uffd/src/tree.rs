@@ -371,7 +371,8 @@ impl Drop for Member {
 /// Field 22 of `/proc/PID/stat` (the start time), and whether the process
 /// is a zombie or dead.
 fn stat(pid: u32) -> Option<(u64, bool)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let path = format!("/proc/{pid}/stat");
+    let text = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, path.as_ref()).ok()?;
     // The name (field 2) is in parentheses and may hold anything.
     let rest = &text[text.rfind(')')? + 1..];
     let mut f = rest.split_whitespace();

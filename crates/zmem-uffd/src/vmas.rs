@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
+use zmem_common::fds::Wait;
 
 use crate::sys::call;
 
@@ -85,10 +86,23 @@ impl Vma {
 /// open (`zmem_common::fds`): a program's `closefrom(3)` on another thread
 /// would otherwise close it under a scan (EBADF), and the program's next
 /// file could take its number, to be queried and closed by us.
-fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
+fn open_maps(wait: Wait) -> Result<zmem_common::fds::KeptFd, Errno> {
     use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
-    Ok(zmem_common::fds::KeptFd::new(fd))
+    zmem_common::fds::open_kept(wait, || {
+        rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+    })
+    .unwrap_or(Err(Errno::AGAIN))
+}
+
+/// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11).
+fn read_maps(wait: Wait) -> Result<String, Errno> {
+    zmem_common::fds::read_to_string(wait, std::path::Path::new("/proc/self/maps")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Errno::AGAIN
+        } else {
+            Errno::IO
+        }
+    })
 }
 
 /// The process's mappings, in address order.
@@ -96,12 +110,10 @@ fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
 pub fn mappings() -> Result<Vec<Vma>, Errno> {
-    let fd = open_maps()?;
+    let fd = open_maps(Wait::Yes)?;
     match query_all(&fd) {
         Ok(v) => Ok(v),
-        Err(Errno::NOTTY | Errno::INVAL) => {
-            parse_maps(&std::fs::read_to_string("/proc/self/maps").map_err(|_| Errno::IO)?)
-        }
+        Err(Errno::NOTTY | Errno::INVAL) => parse_maps(&read_maps(Wait::Yes)?),
         Err(e) => Err(e),
     }
 }
@@ -154,12 +166,15 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
 }
 
 /// The kernel's mapping that covers `addr`, as `(start, end)`; `None`
-/// where nothing is mapped there.
+/// where nothing is mapped there. `wait`: whether to wait for the
+/// program's closes of descriptors to end (`zmem_common::fds`; never from
+/// the handler).
 ///
 /// # Errors
-/// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
-pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
-    let fd = open_maps()?;
+/// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read, or
+/// `EAGAIN` while the program closes descriptors.
+pub fn covering(addr: u64, wait: Wait) -> Result<Option<(u64, u64)>, Errno> {
+    let fd = open_maps(wait)?;
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.
@@ -167,7 +182,7 @@ pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
         Ok(()) => Ok(Some((q.vma_start, q.vma_end))),
         Err(Errno::NOENT) => Ok(None),
         Err(Errno::NOTTY | Errno::INVAL) => {
-            let text = std::fs::read_to_string("/proc/self/maps").map_err(|_| Errno::IO)?;
+            let text = read_maps(wait)?;
             for line in text.lines() {
                 let Some((a, b)) = line.split_ascii_whitespace().next().and_then(|r| r.split_once('-')) else {
                     continue;
@@ -186,7 +201,7 @@ pub fn covering(addr: u64) -> Result<Option<(u64, u64)>, Errno> {
 /// Whether the mapping that covers `addr` is executable; `None` where
 /// nothing is mapped there or `PROCMAP_QUERY` cannot answer.
 pub fn executable(addr: u64) -> Option<bool> {
-    let fd = open_maps().ok()?;
+    let fd = open_maps(Wait::Yes).ok()?;
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.

@@ -318,7 +318,7 @@ impl Inner {
         // MOVE pages out of memory no COPY can put them back into (it did,
         // and Python read zeros).
         let (end, end_full) = (addr + len as u64, addr + full as u64);
-        let cut = match vmas::covering(addr) {
+        let cut = match vmas::covering(addr, zmem_common::fds::Wait::Yes) {
             Ok(Some((s, e))) if s <= addr => e.min(end_full),
             Ok(_) => addr,
             Err(e) => {

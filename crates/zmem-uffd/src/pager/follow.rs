@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::thread::CpuSet;
-use zmem_common::fds::KeptFd;
+use zmem_common::fds::{open_kept, KeptFd, Wait};
 
 /// How often the handler looks at whom it serves.
 const WINDOW: Duration = Duration::from_millis(4);
@@ -342,8 +342,11 @@ impl Follow {
             let mut path = [0u8; 48];
             let n = task_stat_path(tid, &mut path);
             let path = CStr::from_bytes_with_nul(&path[..n]).ok()?;
-            let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
-            self.stat = Some((tid, KeptFd::new(fd)));
+            // Not while the program closes descriptors (`zmem_common::fds`):
+            // the handler never waits for that.
+            let fd = open_kept(Wait::No, || rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()))?
+                .ok()?;
+            self.stat = Some((tid, fd));
         }
         let (_, fd) = self.stat.as_ref()?;
         let mut buf = [0u8; 1024];

@@ -44,7 +44,7 @@
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -160,9 +160,7 @@ impl Pager {
     /// [`abandon_in_child`](Self::abandon_in_child) leaves it open. `None`
     /// if the parent's pager has no fork in flight.
     pub fn fork_link_in_child(&self) -> Option<OwnedFd> {
-        let fd = self.inner.link_child.lock_ok().take()?;
-        zmem_common::fds::forget(fd.as_raw_fd());
-        Some(fd)
+        Some(self.inner.link_child.lock_ok().take()?.into_owned())
     }
 
     /// In a forked child: asks the parent for this process's userfaultfd
@@ -236,10 +234,12 @@ impl Inner {
         }
         self.frozen.store(true, Ordering::Release);
         drop(self.reclaim_gate.lock_ok());
-        match rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None) {
+        let pair = zmem_common::fds::open_kept_pair(zmem_common::fds::Wait::Yes, || {
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        })
+        .unwrap_or(Err(rustix::io::Errno::AGAIN));
+        match pair {
             Ok((a, b)) => {
-                zmem_common::fds::keep(a.as_raw_fd());
-                zmem_common::fds::keep(b.as_raw_fd());
                 *self.link_parent.lock_ok() = Some(a);
                 *self.link_child.lock_ok() = Some(b);
             }
@@ -278,9 +278,7 @@ impl Inner {
     /// the child's userfaultfd with it, and the child's evicted pages would
     /// read as zeros. Reclaim runs again once the handler is done.
     pub(super) fn parent_handover(&self) {
-        if let Some(fd) = self.link_child.lock_ok().take() {
-            zmem_common::fds::forget(fd.as_raw_fd());
-        }
+        drop(self.link_child.lock_ok().take());
         let grace = Instant::now() + SEEN_GRACE;
         while self.fork_state.load(Ordering::Acquire) == Fork::Prepared as u8 {
             if Instant::now() > grace {
@@ -293,9 +291,7 @@ impl Inner {
                 if none.is_ok() {
                     // No FORK event came: the fork failed, or copied no
                     // registered mapping.
-                    if let Some(fd) = self.link_parent.lock_ok().take() {
-                        zmem_common::fds::forget(fd.as_raw_fd());
-                    }
+                    drop(self.link_parent.lock_ok().take());
                     self.frozen.store(false, Ordering::Release);
                     self.kick_reclaim();
                     return;
@@ -328,12 +324,9 @@ impl Inner {
 
     /// The handler read a FORK event: serve the child until it takes its
     /// memory over (or exits, or times out). See the module's comment.
-    pub(super) fn serve_child(&self, child: OwnedFd, bounce: &mut [u8]) {
+    pub(super) fn serve_child(&self, child: zmem_common::fds::KeptFd, bounce: &mut [u8]) {
         self.serving_child.store(true, Ordering::Release);
         let link = self.link_parent.lock_ok().take();
-        if let Some(l) = &link {
-            zmem_common::fds::forget(l.as_raw_fd());
-        }
         let child = self.uffd.forked(child);
         let mut edits = ChildEdits::default();
         let deadline = Instant::now() + HANDOVER_TIMEOUT;
@@ -523,10 +516,15 @@ impl Inner {
     /// Writes the snapshot and sends it with the child's userfaultfd.
     /// Returns the pages in it.
     fn hand_over(&self, child: &Uffd, link: &OwnedFd, edits: &ChildEdits) -> Result<usize, PagerError> {
-        let memfd = rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|e| io_err("memfd_create", e))?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(memfd));
-        let w = |out: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| {
+        // Kept (`zmem_common::fds`): the program may be closing every
+        // descriptor meanwhile.
+        let memfd = zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || {
+            rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
+        })
+        .unwrap_or(Err(rustix::io::Errno::AGAIN))
+        .map_err(|e| io_err("memfd_create", e))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, memfd);
+        let w = |out: &mut std::io::BufWriter<zmem_common::fds::KeptFd>, b: &[u8]| {
             out.write_all(b).map_err(|e| io_err("writing the snapshot", e))
         };
         w(&mut out, &MAGIC.to_ne_bytes())?;
@@ -554,7 +552,8 @@ impl Inner {
         // address, the held page of a rejected folio if it has one.)
         let mut batch: Vec<(u64, u64, Option<Vec<u8>>)> = Vec::with_capacity(EXPORT_BATCH);
         let mut pages = 0;
-        let mut flush = |batch: &mut Vec<(u64, u64, Option<Vec<u8>>)>, out: &mut std::io::BufWriter<std::fs::File>| {
+        let mut flush = |batch: &mut Vec<(u64, u64, Option<Vec<u8>>)>,
+                         out: &mut std::io::BufWriter<zmem_common::fds::KeptFd>| {
             let keys: Vec<u64> = batch.iter().map(|b| b.0).collect();
             let exported = self.tier.export_many(&keys);
             for ((_, ca, held), e) in batch.drain(..).zip(exported) {
@@ -594,9 +593,8 @@ impl Inner {
             Ok(())
         })?;
         flush(&mut batch, &mut out)?;
-        let file = out.into_inner().map_err(|e| io_err("writing the snapshot", e.error()))?;
-        let len = rustix::fs::fstat(&file).map_err(|e| io_err("fstat", e))?.st_size as u64;
-        let memfd = OwnedFd::from(file);
+        let memfd = out.into_inner().map_err(|e| io_err("writing the snapshot", e.error()))?;
+        let len = rustix::fs::fstat(&memfd).map_err(|e| io_err("fstat", e))?.st_size as u64;
         let mut head = [0u8; 24];
         head[0..8].copy_from_slice(&child.features().0.to_ne_bytes());
         head[8..16].copy_from_slice(&child.api_ioctls().to_ne_bytes());

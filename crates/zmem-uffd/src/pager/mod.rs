@@ -266,8 +266,8 @@ struct Inner {
     /// hand-over goes through, made by `fork_prepare`; the parent's end is
     /// taken by the handler as it reads the FORK event, the child's by the
     /// child (and closed by the parent step). See `handover.rs`.
-    link_parent: Mutex<Option<std::os::fd::OwnedFd>>,
-    link_child: Mutex<Option<std::os::fd::OwnedFd>>,
+    link_parent: Mutex<Option<zmem_common::fds::KeptFd>>,
+    link_child: Mutex<Option<zmem_common::fds::KeptFd>>,
     /// `handover::Fork` as a number: where the last fork is.
     fork_state: std::sync::atomic::AtomicU8,
     /// The handler is serving a forked child until it hands over: nothing

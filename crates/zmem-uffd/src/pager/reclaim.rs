@@ -44,9 +44,10 @@ impl Inner {
         let mut codec = super::codec::CodecBalance::new();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
-            rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-                .ok()
-                .map(zmem_common::fds::KeptFd::new)
+            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || {
+                rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+            })?
+            .ok()
         });
         loop {
             if self.forked.load(Ordering::Relaxed)
