@@ -36,7 +36,7 @@
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Descriptors kept at once: a pager keeps about five.
@@ -44,9 +44,11 @@ pub const SLOTS: usize = 64;
 
 static KEPT: [AtomicI32; SLOTS] = [const { AtomicI32::new(-1) }; SLOTS];
 
-/// Keeps `fd` from the program's `close` family until [`forget`].
+/// Keeps `fd` from the program's `close` family until [`forget`]. Each
+/// keep takes a slot, and each forget frees one: a number is listed as
+/// often as it was kept.
 pub fn keep(fd: RawFd) {
-    if fd < 0 || KEPT.iter().any(|s| s.load(Ordering::Acquire) == fd) {
+    if fd < 0 {
         return;
     }
     if KEPT.iter().any(|s| s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
@@ -121,15 +123,34 @@ pub fn take_all(out: &mut [RawFd; SLOTS]) -> usize {
     n
 }
 
-/// zmem's sections under way (see the module's doc).
-static OPENING: AtomicU32 = AtomicU32::new(0);
+/// zmem's sections under way (see the module's doc): the pid of the
+/// process they run in (high 32 bits) and their count (low 32 bits). A
+/// count under another pid is not this process's to wait for: in a child
+/// forked with the raw syscall (no atfork handler, so no
+/// [`reset_in_child`]) it is the parent's, which none of the child's threads
+/// will ever take back; in a vfork child (memory shared, descriptor table
+/// not) it is the parent's live one, whose descriptors the child's closes
+/// cannot reach.
+static OPENING: AtomicU64 = AtomicU64::new(0);
 /// The program's closes under way.
 static CLOSING: AtomicU32 = AtomicU32::new(0);
-/// The process whose threads made the sections counted in `OPENING`: a
-/// child forked with the raw syscall (no atfork handler, so no
-/// [`reset_in_child`]) has its parent's count, which none of its threads
-/// will ever take back.
-static SECTION_PID: AtomicI32 = AtomicI32::new(0);
+
+fn pid_of(v: u64) -> i32 {
+    (v >> 32) as i32
+}
+
+fn count_of(v: u64) -> u32 {
+    v as u32
+}
+
+fn packed(pid: i32, count: u32) -> u64 {
+    (u64::from(pid as u32) << 32) | u64::from(count)
+}
+
+fn getpid() -> i32 {
+    // SAFETY: getpid has no preconditions and touches no memory.
+    unsafe { libc::getpid() }
+}
 
 thread_local! {
     /// This thread's sections: a `close` it makes inside one (a std
@@ -161,7 +182,9 @@ pub enum Wait {
 /// [`forget`] them; nothing else (no fault on the program's memory, no
 /// wait for another thread).
 #[derive(Debug)]
-pub struct Section(());
+pub struct Section {
+    pid: i32,
+}
 
 impl Section {
     /// Enters a section, waiting as `wait` says for the program's closes
@@ -172,19 +195,14 @@ impl Section {
     /// descriptors one by one in a tight loop (a daemon's `for fd in 3..N`)
     /// lets zmem in between two closes: it waits at most for one.
     pub fn enter(wait: Wait) -> Option<Section> {
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        let before = SECTION_PID.swap(me, Ordering::SeqCst);
-        if before != 0 && before != me {
-            // The first section of a child forked without atfork
-            // handlers: the count is its parent's.
-            OPENING.store(0, Ordering::SeqCst);
-        }
-        OPENING.fetch_add(1, Ordering::SeqCst);
+        let me = getpid();
+        // SeqCst on both sides (here and in `closing`): of a section and a
+        // close that start together, at least one sees the other's claim.
+        let _ = OPENING.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            Some(if pid_of(v) == me { v + 1 } else { packed(me, 1) })
+        });
+        let section = Section { pid: me };
         if IN_SECTION.get() == 0 {
-            // SeqCst on both sides (here and in `closing`): of a section
-            // and a close that start together, at least one sees the
-            // other's claim.
             let limit = match wait {
                 Wait::Yes => WAIT_FOR,
                 Wait::No => WAIT_BRIEFLY,
@@ -193,7 +211,8 @@ impl Section {
             let mut spins = 0u32;
             while CLOSING.load(Ordering::SeqCst) != 0 {
                 if start.elapsed() >= limit {
-                    dec(&OPENING);
+                    section.release();
+                    std::mem::forget(section);
                     return None;
                 }
                 spins += 1;
@@ -208,53 +227,60 @@ impl Section {
         }
         IN_SECTION.set(IN_SECTION.get() + 1);
         close_deferred();
-        Some(Section(()))
+        Some(section)
     }
 
     /// Enters a section only if no close of the program's runs now.
     pub fn try_enter() -> Option<Section> {
         Section::enter(Wait::No)
     }
+
+    /// Takes this section's claim back, if the count is still this
+    /// process's (a vfork child's section may have taken it over).
+    fn release(&self) {
+        let me = self.pid;
+        let _ = OPENING.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            (pid_of(v) == me).then(|| packed(me, count_of(v).saturating_sub(1)))
+        });
+    }
 }
 
 impl Drop for Section {
     fn drop(&mut self) {
         IN_SECTION.set(IN_SECTION.get() - 1);
-        dec(&OPENING);
+        self.release();
     }
 }
 
 /// Runs `f`, the program's close of descriptors (the shim's `close`
-/// family), once zmem's sections under way have ended, and keeps new ones
-/// from starting until it returns. `f` must not wait for zmem.
+/// family), once zmem's sections under way in this process have ended,
+/// and keeps new ones from starting until it returns. `f` must not wait
+/// for zmem.
 pub fn closing<R>(f: impl FnOnce() -> R) -> R {
     if IN_SECTION.get() != 0 {
         // zmem's own close inside one of its sections: nothing to wait for.
         return f();
     }
+    let mut me = None;
     let mut spins = 0u32;
     loop {
         CLOSING.fetch_add(1, Ordering::SeqCst);
-        if OPENING.load(Ordering::SeqCst) == 0 {
+        let v = OPENING.load(Ordering::SeqCst);
+        // Only with a claim seen: no syscall on the way of every close.
+        if count_of(v) == 0 || pid_of(v) != *me.get_or_insert_with(getpid) {
             break;
         }
-        // A section has claimed its place: it goes first.
+        // A section of this process has claimed its place: it goes first.
         dec(&CLOSING);
-        while OPENING.load(Ordering::SeqCst) != 0 {
+        loop {
+            let v = OPENING.load(Ordering::SeqCst);
+            if count_of(v) == 0 || Some(pid_of(v)) != me {
+                break;
+            }
             spins += 1;
             if spins < 128 {
                 std::hint::spin_loop();
             } else {
-                // A section is a syscall or two: one that seems to last
-                // may be a parent's, in a child forked without atfork
-                // handlers.
-                // SAFETY: getpid has no preconditions.
-                let me = unsafe { libc::getpid() };
-                if SECTION_PID.load(Ordering::SeqCst) != me {
-                    let _ =
-                        OPENING.compare_exchange(OPENING.load(Ordering::SeqCst), 0, Ordering::SeqCst, Ordering::SeqCst);
-                    SECTION_PID.store(me, Ordering::SeqCst);
-                }
                 std::thread::yield_now();
             }
         }
@@ -264,9 +290,8 @@ pub fn closing<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Takes one from a count, never below 0 (a count reset under a child
-/// forked without atfork handlers must not wrap, and keep every close
-/// waiting).
+/// Takes one from the count of closes, never below 0 (a child's reset
+/// must not make it wrap, and keep every section waiting).
 fn dec(count: &AtomicU32) {
     let _ = count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(v.saturating_sub(1)));
 }
@@ -276,8 +301,6 @@ fn dec(count: &AtomicU32) {
 /// not in it.
 pub fn reset_in_child() {
     OPENING.store(0, Ordering::SeqCst);
-    // SAFETY: getpid has no preconditions.
-    SECTION_PID.store(unsafe { libc::getpid() }, Ordering::SeqCst);
     CLOSING.store(0, Ordering::SeqCst);
     IN_SECTION.set(0);
 }
@@ -294,8 +317,8 @@ fn close_deferred() {
     for s in &DEFERRED {
         let fd = s.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
-            close_raw(fd);
             forget(fd);
+            close_raw(fd);
         }
     }
 }
@@ -379,8 +402,11 @@ impl Drop for KeptFd {
         // Not the OwnedFd's drop: the shim's close would refuse a kept fd.
         // Never waits long: the handler drops these too.
         if let Some(_s) = Section::enter(Wait::No) {
-            close_raw(fd);
+            // Forgotten first: once closed, the number may go at once to
+            // another zmem thread's open, in a section of its own, and be
+            // kept by it.
             forget(fd);
+            close_raw(fd);
             return;
         }
         // A close of the program's runs: still kept, closed by the next
@@ -600,5 +626,55 @@ mod tests {
         holder.join().unwrap();
         assert!(ended, "the child's close waited for its parent's section");
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    }
+
+    extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: alarm has no preconditions: a child stuck in `closing`
+        // dies of SIGALRM instead of hanging its parent.
+        unsafe { libc::alarm(10) };
+        closing(|| ());
+        0
+    }
+
+    /// CPython's subprocess closes descriptors in a vfork child, which
+    /// shares zmem's counts with its parent but not its descriptors: its
+    /// close neither waits for the parent's section nor disturbs its count.
+    #[test]
+    fn a_vfork_childs_close_neither_waits_for_nor_disturbs_its_parents_section() {
+        let _t = table();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let s = Section::enter(Wait::Yes).unwrap();
+            tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            drop(s);
+        });
+        rx.recv().unwrap();
+        let before = OPENING.load(Ordering::SeqCst);
+        let mut stack = vec![0u8; 256 << 10];
+        let top = stack.as_mut_ptr().wrapping_add(stack.len());
+        // SAFETY: the child runs vfork_child on its own stack (the top of
+        // `stack`, which outlives it: the parent waits, CLONE_VFORK) and
+        // exits when it returns.
+        let pid = unsafe {
+            libc::clone(
+                vfork_child,
+                top.cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::null_mut(),
+            )
+        };
+        assert!(pid > 0);
+        let mut status = 0;
+        // SAFETY: our child; status is writable.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let after = OPENING.load(Ordering::SeqCst);
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+        assert_eq!(after, before, "the parent's count is as it was");
+        assert_eq!(count_of(before), 1);
+        assert_eq!(CLOSING.load(Ordering::SeqCst), 0);
     }
 }
