@@ -152,6 +152,24 @@ fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
+/// This process's pid as its sections tag their count: asked once (a
+/// syscall: the handler enters a section for every read of its events
+/// when FORK events are on), and again in a child by [`reset_in_child`].
+/// A child forked without atfork handlers tags with its parent's pid,
+/// which its closes do not wait for: it loses the exclusion, never hangs.
+static SECTION_PID: AtomicI32 = AtomicI32::new(0);
+
+fn section_pid() -> i32 {
+    match SECTION_PID.load(Ordering::Relaxed) {
+        0 => {
+            let me = getpid();
+            SECTION_PID.store(me, Ordering::Relaxed);
+            me
+        }
+        me => me,
+    }
+}
+
 thread_local! {
     /// This thread's sections: a `close` it makes inside one (a std
     /// `File` dropped there) must not wait for its own section to end.
@@ -195,7 +213,7 @@ impl Section {
     /// descriptors one by one in a tight loop (a daemon's `for fd in 3..N`)
     /// lets zmem in between two closes: it waits at most for one.
     pub fn enter(wait: Wait) -> Option<Section> {
-        let me = getpid();
+        let me = section_pid();
         // SeqCst on both sides (here and in `closing`): of a section and a
         // close that start together, at least one sees the other's claim.
         let _ = OPENING.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
@@ -300,6 +318,7 @@ fn dec(count: &AtomicU32) {
 /// sections and closes that other threads of the parent had under way are
 /// not in it.
 pub fn reset_in_child() {
+    SECTION_PID.store(getpid(), Ordering::Relaxed);
     OPENING.store(0, Ordering::SeqCst);
     CLOSING.store(0, Ordering::SeqCst);
     IN_SECTION.set(0);
