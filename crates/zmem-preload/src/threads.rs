@@ -157,6 +157,11 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> c_int {
     let Some(real) = real_create() else { return libc::EAGAIN };
+    // A new thread inherits its creator's mask: not the one CPU a handler
+    // may hold this thread on (`zmem_uffd::unhold_current_thread`).
+    if !in_zmem() {
+        zmem_uffd::unhold_current_thread();
+    }
     let kind = if in_zmem() || crate::next::zmem_thread() { Kind::Zmem } else { Kind::Stack };
     let recorded = AtomicBool::new(false);
     let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded }));

@@ -41,7 +41,8 @@
 //! The program may see the narrowed mask only in the moments after a
 //! wake-up that runs it before the handler has restored it, and a child
 //! would inherit it: [`unhold_current_thread`] restores it first, and the
-//! shim calls it before every fork, exec and spawn it sees.
+//! shim calls it before every fork, exec, spawn and `pthread_create` it
+//! sees (a new thread inherits its creator's mask).
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering};
