@@ -601,21 +601,28 @@ mod tests {
         assert!(!is_dev_zero(raw));
     }
 
+    /// Another thread enters a section and stays in it until the sender
+    /// sends (or goes).
+    fn a_section_on_another_thread() -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let s = Section::enter(Wait::Yes).unwrap();
+            tx.send(()).unwrap();
+            let _ = done_rx.recv();
+            drop(s);
+        });
+        rx.recv().unwrap();
+        (done_tx, holder)
+    }
+
     /// A child forked with the raw syscall while another thread of the
     /// parent is in a section: no atfork handler resets the count, and the
     /// child's first close must not wait for a section that is not there.
     #[test]
     fn a_child_forked_without_atfork_handlers_is_not_held_up_by_its_parents_section() {
         let _t = table();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            let s = Section::enter(Wait::Yes).unwrap();
-            tx.send(()).unwrap();
-            done_rx.recv().unwrap();
-            drop(s);
-        });
-        rx.recv().unwrap();
+        let (done_tx, holder) = a_section_on_another_thread();
         // SAFETY: the child runs only closing (no allocation, no lock) and
         // _exit.
         let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
@@ -661,15 +668,7 @@ mod tests {
     #[test]
     fn a_vfork_childs_close_neither_waits_for_nor_disturbs_its_parents_section() {
         let _t = table();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            let s = Section::enter(Wait::Yes).unwrap();
-            tx.send(()).unwrap();
-            done_rx.recv().unwrap();
-            drop(s);
-        });
-        rx.recv().unwrap();
+        let (done_tx, holder) = a_section_on_another_thread();
         let before = OPENING.load(Ordering::SeqCst);
         let mut stack = vec![0u8; 256 << 10];
         let top = stack.as_mut_ptr().wrapping_add(stack.len());
