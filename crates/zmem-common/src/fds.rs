@@ -333,7 +333,10 @@ fn close_raw(fd: RawFd) {
 }
 
 fn close_deferred() {
-    for s in &DEFERRED {
+    // Looked at before it is taken: every section (the handler's reads of
+    // its events among them) passes here, and the slots are nearly always
+    // empty.
+    for s in DEFERRED.iter().filter(|s| s.load(Ordering::Relaxed) >= 0) {
         let fd = s.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
             forget(fd);
@@ -343,11 +346,14 @@ fn close_deferred() {
 }
 
 /// Opens a descriptor with `open` and keeps it, with no close of the
-/// program's in between; `None` where the program's closes kept the
+/// program's in between; `busy` where the program's closes kept the
 /// section from starting (`wait`).
-pub fn open_kept<E>(wait: Wait, open: impl FnOnce() -> Result<OwnedFd, E>) -> Option<Result<KeptFd, E>> {
-    let _s = Section::enter(wait)?;
-    Some(open().map(KeptFd::new))
+///
+/// # Errors
+/// `open`'s, or `busy`.
+pub fn open_kept<E>(wait: Wait, busy: E, open: impl FnOnce() -> Result<OwnedFd, E>) -> Result<KeptFd, E> {
+    let Some(_s) = Section::enter(wait) else { return Err(busy) };
+    open().map(KeptFd::new)
 }
 
 /// A whole file as text, read through a kept descriptor: for the files
@@ -358,8 +364,8 @@ pub fn open_kept<E>(wait: Wait, open: impl FnOnce() -> Result<OwnedFd, E>) -> Op
 /// Opening or reading the file, or [`std::io::ErrorKind::WouldBlock`] if
 /// the program's closes kept it from being opened (`wait`).
 pub fn read_to_string(wait: Wait, path: &std::path::Path) -> std::io::Result<String> {
-    let fd = open_kept(wait, || std::fs::File::open(path).map(OwnedFd::from))
-        .unwrap_or_else(|| Err(std::io::ErrorKind::WouldBlock.into()))?;
+    let busy = std::io::ErrorKind::WouldBlock.into();
+    let fd = open_kept(wait, busy, || std::fs::File::open(path).map(OwnedFd::from))?;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -407,12 +413,16 @@ impl KeptFd {
 
 /// Makes a pair of descriptors with `open` (a socketpair) and keeps both,
 /// as [`open_kept`] does one.
+///
+/// # Errors
+/// `open`'s, or `busy`.
 pub fn open_kept_pair<E>(
     wait: Wait,
+    busy: E,
     open: impl FnOnce() -> Result<(OwnedFd, OwnedFd), E>,
-) -> Option<Result<(KeptFd, KeptFd), E>> {
-    let _s = Section::enter(wait)?;
-    Some(open().map(|(a, b)| (KeptFd::new(a), KeptFd::new(b))))
+) -> Result<(KeptFd, KeptFd), E> {
+    let Some(_s) = Section::enter(wait) else { return Err(busy) };
+    open().map(|(a, b)| (KeptFd::new(a), KeptFd::new(b)))
 }
 
 impl Drop for KeptFd {
@@ -551,7 +561,8 @@ mod tests {
                             std::thread::yield_now();
                             f
                         };
-                        let fd = open_kept(Wait::Yes, open).expect("a section within a second").unwrap();
+                        let busy = std::io::ErrorKind::WouldBlock.into();
+                        let fd = open_kept(Wait::Yes, busy, open).expect("a section within a second");
                         std::thread::yield_now();
                         assert!(is_dev_zero(fd.as_raw_fd()), "a kept descriptor was closed under its owner");
                         drop(fd);
@@ -588,7 +599,8 @@ mod tests {
     #[test]
     fn a_kept_descriptor_dropped_during_a_close_is_closed_by_the_next_section() {
         let _t = table();
-        let fd = open_kept(Wait::No, || std::fs::File::open("/dev/zero").map(OwnedFd::from)).unwrap().unwrap();
+        let busy = std::io::ErrorKind::WouldBlock.into();
+        let fd = open_kept(Wait::No, busy, || std::fs::File::open("/dev/zero").map(OwnedFd::from)).unwrap();
         let raw = fd.as_raw_fd();
         closing(|| {
             assert!(Section::try_enter().is_none(), "no section while a close runs");

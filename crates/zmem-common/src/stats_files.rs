@@ -60,10 +60,10 @@ pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
     let tmp = tmp_path(dir, pid);
     let _ = std::fs::remove_file(&tmp);
     // Kept (`fds`): the program may close every descriptor meanwhile.
-    let mut f = crate::fds::open_kept(crate::fds::Wait::Yes, || {
+    let busy = std::io::ErrorKind::WouldBlock.into();
+    let mut f = crate::fds::open_kept(crate::fds::Wait::Yes, busy, || {
         OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map(std::os::fd::OwnedFd::from)
-    })
-    .unwrap_or_else(|| Err(std::io::ErrorKind::WouldBlock.into()))?;
+    })?;
     let r = std::io::Write::write_all(&mut f, json.as_bytes());
     drop(f);
     let r = r.and_then(|()| std::fs::rename(&tmp, path(dir, pid)));

@@ -97,8 +97,8 @@ fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     let n = {
         // zmem's own descriptors, kept (`zmem_common::fds`): another
         // thread of the program may be closing every descriptor.
-        let fd = open_kept(Wait::Yes, || rustix::fs::open(MEMINFO, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()))?
-            .ok()?;
+        let open = || rustix::fs::open(MEMINFO, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty());
+        let fd = open_kept(Wait::Yes, rustix::io::Errno::AGAIN, open).ok()?;
         let mut n = 0;
         loop {
             match rustix::io::read(&fd, &mut real[n..]) {
@@ -114,7 +114,8 @@ fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     };
     let mut out = [0u8; ROOM];
     let len = rewrite(&real[..n], limit >> 10, free >> 10, &mut out)?;
-    let memfd = open_kept(Wait::Yes, || rustix::fs::memfd_create(c"meminfo", MemfdFlags::CLOEXEC))?.ok()?;
+    let create = || rustix::fs::memfd_create(c"meminfo", MemfdFlags::CLOEXEC);
+    let memfd = open_kept(Wait::Yes, rustix::io::Errno::AGAIN, create).ok()?;
     let mut done = 0;
     while done < len {
         match rustix::io::write(&memfd, &out[done..len]) {

@@ -238,8 +238,8 @@ impl Uffd {
         // Kept from the moment they exist (`zmem_common::fds`): a pager may
         // start while another thread of the program closes descriptors.
         let kept = || {
-            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || open_raw(mode))
-                .unwrap_or(Err(UffdError::Unsupported(Errno::AGAIN)))
+            let busy = UffdError::Unsupported(Errno::AGAIN);
+            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, busy, || open_raw(mode))
         };
         let probe = kept()?;
         let offered = api(&probe, 0).map_err(UffdError::Unsupported)?.features;

@@ -88,10 +88,9 @@ impl Vma {
 /// file could take its number, to be queried and closed by us.
 fn open_maps(wait: Wait) -> Result<zmem_common::fds::KeptFd, Errno> {
     use rustix::fs::{Mode, OFlags};
-    zmem_common::fds::open_kept(wait, || {
+    zmem_common::fds::open_kept(wait, Errno::AGAIN, || {
         rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
-    .unwrap_or(Err(Errno::AGAIN))
 }
 
 /// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11).

@@ -342,8 +342,8 @@ impl Follow {
             let path = CStr::from_bytes_with_nul(&path[..n]).ok()?;
             // Not while the program closes descriptors (`zmem_common::fds`):
             // the handler never waits for that.
-            let fd = open_kept(Wait::No, || rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()))?
-                .ok()?;
+            let open = || rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty());
+            let fd = open_kept(Wait::No, rustix::io::Errno::AGAIN, open).ok()?;
             self.stat = Some((tid, fd));
         }
         let (_, fd) = self.stat.as_ref()?;

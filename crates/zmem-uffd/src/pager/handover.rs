@@ -234,10 +234,9 @@ impl Inner {
         }
         self.frozen.store(true, Ordering::Release);
         drop(self.reclaim_gate.lock_ok());
-        let pair = zmem_common::fds::open_kept_pair(zmem_common::fds::Wait::Yes, || {
+        let pair = zmem_common::fds::open_kept_pair(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
             rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-        })
-        .unwrap_or(Err(rustix::io::Errno::AGAIN));
+        });
         match pair {
             Ok((a, b)) => {
                 *self.link_parent.lock_ok() = Some(a);
@@ -518,10 +517,9 @@ impl Inner {
     fn hand_over(&self, child: &Uffd, link: &OwnedFd, edits: &ChildEdits) -> Result<usize, PagerError> {
         // Kept (`zmem_common::fds`): the program may be closing every
         // descriptor meanwhile.
-        let memfd = zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || {
+        let memfd = zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
             rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
         })
-        .unwrap_or(Err(rustix::io::Errno::AGAIN))
         .map_err(|e| io_err("memfd_create", e))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, memfd);
         let w = |out: &mut std::io::BufWriter<zmem_common::fds::KeptFd>, b: &[u8]| {

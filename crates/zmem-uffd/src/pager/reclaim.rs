@@ -44,9 +44,9 @@ impl Inner {
         let mut codec = super::codec::CodecBalance::new();
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
-            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, || {
+            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
                 rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-            })?
+            })
             .ok()
         });
         loop {
