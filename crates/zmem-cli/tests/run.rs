@@ -754,6 +754,20 @@ fn locked_memory_is_never_managed() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// A SIGALRM handler reads random pages of 64 MiB under a 32M limit (most
+/// are evicted) 10,000 times a second, while the program maps and unmaps
+/// memory the shim adopts and manages (tests/data/signals.c). A handler
+/// that ran inside the shim, on a thread holding the pager's region table,
+/// waited for good for its fault: bash did, on SIGCHLD, mid-`realloc`.
+#[test]
+fn a_signal_handler_reading_evicted_memory_never_runs_inside_the_shim() {
+    let exe = compile_c("signals");
+    let o = run_managed("signals", "32M", &[exe.to_str().unwrap(), "64", "40"], "signals ok 40", 180);
+    let handled: u64 =
+        String::from_utf8_lossy(&o.stdout).split_whitespace().nth(3).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(handled > 1000, "{handled} signals handled; {}", text(&o));
+}
+
 /// libjemalloc.so.2, from Debian's libjemalloc2 (installed by `.ci/run`).
 fn jemalloc() -> PathBuf {
     let found = ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"]

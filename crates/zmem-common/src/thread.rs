@@ -33,6 +33,39 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    let _blocked = block_async_signals();
+    // The thread's TLS vector stays resident (see `tls`): pinned by the
+    // thread itself first thing, and by this thread too, in case the
+    // thread faults on it before it runs a line of its own.
+    let r = builder.spawn(move || {
+        crate::tls::keep_resident();
+        f()
+    });
+    if let Ok(t) = &r {
+        use std::os::unix::thread::JoinHandleExt;
+        crate::tls::pin_thread(t.as_pthread_t());
+    }
+    r
+}
+
+/// The calling thread's signal mask as it was before
+/// [`block_async_signals`], put back when dropped.
+#[must_use = "the mask is put back when this is dropped"]
+pub struct AsyncSignalsBlocked {
+    old: libc::sigset_t,
+    blocked: bool,
+    /// Not `Send`: the mask is the thread's.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+/// Blocks every asynchronous signal on the calling thread until the guard
+/// drops; a signal sent meanwhile stays pending and is delivered then.
+/// The shim runs its code on the program's threads so (`guarded`): a
+/// program's handler that ran there, on a thread holding one of the
+/// pager's locks, and touched evicted memory, waited for its fault, and the
+/// handler thread serving it waited for that lock (bash's SIGCHLD handler
+/// did, mid-`realloc`).
+pub fn block_async_signals() -> AsyncSignalsBlocked {
     // SAFETY: sigset_t is plain data, valid zeroed.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -47,22 +80,23 @@ where
     // SAFETY: both sets are ours and initialised; pthread_sigmask changes
     // only this thread's mask and writes the old one into `old`.
     let blocked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) } == 0;
-    // The thread's TLS vector stays resident (see `tls`): pinned by the
-    // thread itself first thing, and by this thread too, in case the
-    // thread faults on it before it runs a line of its own.
-    let r = builder.spawn(move || {
-        crate::tls::keep_resident();
-        f()
-    });
-    if let Ok(t) = &r {
-        use std::os::unix::thread::JoinHandleExt;
-        crate::tls::pin_thread(t.as_pthread_t());
+    AsyncSignalsBlocked { old, blocked, _thread: std::marker::PhantomData }
+}
+
+impl std::fmt::Debug for AsyncSignalsBlocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncSignalsBlocked").field("blocked", &self.blocked).finish_non_exhaustive()
     }
-    if blocked {
-        // SAFETY: puts back the mask read above, on the same thread.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+}
+
+impl Drop for AsyncSignalsBlocked {
+    fn drop(&mut self) {
+        if self.blocked {
+            // SAFETY: puts back the mask read by `block_async_signals`, on
+            // the thread it was read on (the guard is not `Send`).
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+        }
     }
-    r
 }
 
 /// Whether `sig` is blocked on the calling thread.

@@ -25,10 +25,21 @@ pub fn mark_internal_thread() {
 /// unwind across the C ABI (that aborts the program). After a panic the
 /// shim takes no new memory (`BROKEN`) and `None` is returned; what it
 /// already manages stays served.
+///
+/// On a program's thread, `f` runs with the asynchronous signals blocked
+/// (`zmem_common::thread::block_async_signals`): no handler of the
+/// program's runs inside the shim. One that did could wait for good: a
+/// fault there on evicted memory waits for the pager's handler thread, which
+/// may need a lock the interrupted shim code holds (the pager's region
+/// table, mid-adoption). It would also allocate from zmem's heap (the
+/// reentrancy flag is the thread's). A signal sent meanwhile is delivered
+/// as `f` returns. zmem's own threads block them for good.
 pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
     let was = IN_ZMEM.with(|c| c.replace(true));
+    let blocked = (!was).then(zmem_common::thread::block_async_signals);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     IN_ZMEM.with(|c| c.set(was));
+    drop(blocked);
     match r {
         Ok(r) => Some(r),
         Err(_) => {
