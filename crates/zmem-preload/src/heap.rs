@@ -12,6 +12,14 @@
 //! One lock guards it. The prepare step of fork takes it and both
 //! after-fork steps let go ([`fork_lock`], [`fork_unlock`]), so a forked
 //! child never starts with it held by a thread it does not have.
+//!
+//! No thread ever waits for that lock while a fork holds it: it allocates
+//! from the side heap instead, and leaves its frees for later. With
+//! `UFFD_FEATURE_EVENT_FORK` the fork waits for the pager's handler, and
+//! the handler may wait for a lock of the pager's (the LRU's, the region
+//! table's) held by the thread that waits for the heap: the fork never
+//! ended (a bash script under `zmem run`, its reclaim thread holding the
+//! LRU's lock while it grew a list).
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::c_void;
@@ -132,7 +140,7 @@ static HEAP: Mutex<Dlmalloc<Reserve>> = Mutex::new(Dlmalloc::new_with_allocator(
 
 /// The side heap: the pager's handler thread allocates here, so that it
 /// can serve faults while a forking thread holds the main heap's lock
-/// (`fork_lock`). With `UFFD_FEATURE_EVENT_FORK`, fork waits for the
+/// (`fork_lock`), and so does every other thread while a fork holds it. With `UFFD_FEATURE_EVENT_FORK`, fork waits for the
 /// handler to read its FORK event, and before that the forking thread may
 /// fault (glibc locks every malloc arena, and another allocator's atfork
 /// handler its own, after the shim's prepare step): a handler waiting for
@@ -177,6 +185,9 @@ static SIDE: SideHeap =
 /// heap's lock was held (a fork): a list through their first word, freed by
 /// the next holder of the lock.
 static DEFERRED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Set while a fork holds the main heap's lock ([`fork_lock`]).
+static FORKING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The heap's guard, held by the forking thread across fork.
@@ -225,11 +236,38 @@ fn on_side() -> bool {
     ON_SIDE.with(Cell::get)
 }
 
-/// The main heap, locked, with the frees deferred meanwhile done.
-fn main_heap() -> MutexGuard<'static, Dlmalloc<Reserve>> {
-    let mut g = HEAP.lock_ok();
-    drain(&mut g);
-    g
+/// The main heap, locked, with the frees deferred meanwhile done; `None`
+/// for the side heap: on the side heap's threads, and while a fork holds
+/// the main heap (see the module's doc). Otherwise a busy lock is waited
+/// for by spinning, then yielding, never asleep: a thread asleep on it
+/// would not see a fork take it next.
+fn main_heap() -> Option<MutexGuard<'static, Dlmalloc<Reserve>>> {
+    if on_side() {
+        return None;
+    }
+    let mut spins = 0u32;
+    loop {
+        match HEAP.try_lock() {
+            Ok(mut g) => {
+                drain(&mut g);
+                return Some(g);
+            }
+            Err(TryLockError::Poisoned(e)) => {
+                let mut g = e.into_inner();
+                drain(&mut g);
+                return Some(g);
+            }
+            Err(TryLockError::WouldBlock) if FORKING.load(Ordering::Acquire) => return None,
+            Err(TryLockError::WouldBlock) => {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
 }
 
 fn drain(dl: &mut Dlmalloc<Reserve>) {
@@ -247,16 +285,12 @@ fn drain(dl: &mut Dlmalloc<Reserve>) {
     }
 }
 
-/// Frees a main-heap block: a side-heap thread that finds the lock held
-/// (a fork) leaves it on `DEFERRED` rather than wait.
+/// Frees a main-heap block, never waiting: with the lock busy it is left
+/// on `DEFERRED` for the next holder of the lock.
 ///
 /// # Safety
 /// `p` is a live main-heap block, freed once.
 unsafe fn free_main(p: *mut u8) {
-    if !on_side() {
-        // SAFETY: the caller's contract.
-        return unsafe { main_heap().c_free(p) };
-    }
     let mut g = match HEAP.try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(e)) => e.into_inner(),
@@ -309,24 +343,28 @@ pub(crate) fn fork_lock() {
     // Set the slot up first: its first use registers a TLS destructor,
     // which allocates (from this heap, inside the shim).
     FORK_GUARD.with(|_| ());
-    let g = main_heap();
+    // From here no thread waits for the lock (`main_heap`).
+    FORKING.store(true, Ordering::SeqCst);
+    let mut g = HEAP.lock_ok();
+    drain(&mut g);
     FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
 }
 
 /// Both after-fork steps.
 pub(crate) fn fork_unlock() {
     FORK_GUARD.with(|f| f.borrow_mut().take());
+    FORKING.store(false, Ordering::Release);
 }
 
 // The C shapes, for the C library's allocations on zmem's threads.
 
 pub(crate) fn malloc(size: usize) -> *mut c_void {
-    if on_side() {
+    match main_heap() {
         // SAFETY: dlmalloc's malloc under its lock; any size is accepted.
-        return SIDE.with(|d| unsafe { d.c_malloc(size) }).cast();
+        Some(mut g) => unsafe { g.c_malloc(size).cast() },
+        // SAFETY: as above.
+        None => SIDE.with(|d| unsafe { d.c_malloc(size) }).cast(),
     }
-    // SAFETY: as above.
-    unsafe { main_heap().c_malloc(size).cast() }
 }
 
 pub(crate) fn calloc(total: usize) -> *mut c_void {
@@ -339,21 +377,26 @@ pub(crate) fn calloc(total: usize) -> *mut c_void {
 }
 
 pub(crate) fn memalign(align: usize, size: usize) -> *mut c_void {
-    if on_side() {
+    match main_heap() {
         // SAFETY: align is a power of two (checked by callers or by C's contract).
-        return SIDE.with(|d| unsafe { d.c_memalign(align.max(16), size) }).cast();
+        Some(mut g) => unsafe { g.c_memalign(align.max(16), size).cast() },
+        // SAFETY: as above.
+        None => SIDE.with(|d| unsafe { d.c_memalign(align.max(16), size) }).cast(),
     }
-    // SAFETY: as above.
-    unsafe { main_heap().c_memalign(align.max(16), size).cast() }
 }
 
 /// # Safety
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    let main = if owner(p) == Owner::Main { main_heap() } else { None };
     match owner(p) {
         // SAFETY: the caller's contract; a block is reallocated by its own heap.
         Owner::Side => SIDE.with(|d| unsafe { d.c_realloc(p.cast(), size) }).cast(),
-        Owner::Abandoned => {
+        // SAFETY: the caller's contract.
+        Owner::Main if main.is_some() => unsafe { main.expect("checked").c_realloc(p.cast(), size).cast() },
+        // Moved to a fresh block: an abandoned block stays where it is; a
+        // main-heap block whose heap a fork holds is freed later.
+        Owner::Abandoned | Owner::Main => {
             // Never freed. Its size is in its dlmalloc chunk header, the
             // word before it (the size, with flag bits in the low three).
             let q = malloc(size);
@@ -365,11 +408,14 @@ pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
                 // SAFETY: p has at least `room` bytes, q has `size`; they
                 // are distinct blocks.
                 unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(room)) };
+                // SAFETY: the caller's contract: p is live, and is freed
+                // once, here (an abandoned block: not at all).
+                unsafe { free(p) };
             }
             q
         }
-        // SAFETY: the caller's contract.
-        _ => unsafe { main_heap().c_realloc(p.cast(), size).cast() },
+        // Null: a fresh block.
+        Owner::None => malloc(size),
     }
 }
 
@@ -394,21 +440,21 @@ pub(crate) struct ZmemHeap;
 // never freed.
 unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        if on_side() {
+        match main_heap() {
             // SAFETY: GlobalAlloc's contract: a non-zero size, a power-of-two alignment.
-            return SIDE.with(|d| unsafe { d.malloc(l.size(), l.align()) });
+            Some(mut g) => unsafe { g.malloc(l.size(), l.align()) },
+            // SAFETY: as above.
+            None => SIDE.with(|d| unsafe { d.malloc(l.size(), l.align()) }),
         }
-        // SAFETY: as above.
-        unsafe { main_heap().malloc(l.size(), l.align()) }
     }
 
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        if on_side() {
+        match main_heap() {
             // SAFETY: as alloc.
-            return SIDE.with(|d| unsafe { d.calloc(l.size(), l.align()) });
+            Some(mut g) => unsafe { g.calloc(l.size(), l.align()) },
+            // SAFETY: as alloc.
+            None => SIDE.with(|d| unsafe { d.calloc(l.size(), l.align()) }),
         }
-        // SAFETY: as alloc.
-        unsafe { main_heap().calloc(l.size(), l.align()) }
     }
 
     unsafe fn dealloc(&self, p: *mut u8, _: std::alloc::Layout) {
@@ -421,11 +467,17 @@ unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
             // SAFETY: p came from alloc with layout l; new is non-zero.
             Owner::Side => return SIDE.with(|d| unsafe { d.realloc(p, l.size(), l.align(), new) }),
             // SAFETY: as above.
-            Owner::Main if !on_side() => return unsafe { main_heap().realloc(p, l.size(), l.align(), new) },
+            Owner::Main => {
+                if let Some(mut g) = main_heap() {
+                    // SAFETY: as above.
+                    return unsafe { g.realloc(p, l.size(), l.align(), new) };
+                }
+            }
             _ => {}
         }
-        // A side-heap thread growing a main-heap block (or an abandoned
-        // one): moved to its own heap, so it never waits for the main lock.
+        // A main-heap block grown on a side-heap thread or during a fork,
+        // or an abandoned one: moved to the side heap, so that nothing
+        // waits for the main lock.
         let Ok(layout) = std::alloc::Layout::from_size_align(new, l.align()) else { return std::ptr::null_mut() };
         // SAFETY: new is non-zero (GlobalAlloc's contract).
         let q = unsafe { self.alloc(layout) };
@@ -436,5 +488,40 @@ unsafe impl std::alloc::GlobalAlloc for ZmemHeap {
             unsafe { self.dealloc(p, l) };
         }
         q
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// While a fork holds the main heap, another thread allocates, grows a
+    /// main-heap block and frees it without waiting: it allocates from the
+    /// side heap, and the free waits on `DEFERRED` for the lock's next
+    /// holder. (It waited for the fork, and the fork, with
+    /// `UFFD_FEATURE_EVENT_FORK`, for a handler that waited for a lock it
+    /// held.)
+    #[test]
+    fn while_a_fork_holds_the_main_heap_no_thread_waits_for_it() {
+        let main_block: Vec<u64> = (0..64).collect();
+        assert_eq!(owner(main_block.as_ptr().cast()), Owner::Main);
+        fork_lock();
+        // This thread's own allocations go to the side heap too (the
+        // spawn's, the channel's).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let fresh = vec![7u8; 1000];
+            let mut grown = main_block;
+            grown.extend(64..4096);
+            let r = (owner(fresh.as_ptr().cast()), owner(grown.as_ptr().cast()), grown.iter().copied().eq(0..4096));
+            let _ = tx.send(r);
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        let deferred = !DEFERRED.load(Ordering::Acquire).is_null();
+        fork_unlock();
+        assert_eq!(got, Ok((Owner::Side, Owner::Side, true)), "the other thread waited for the fork's lock");
+        assert!(deferred, "the main-heap block's free was left for the lock's next holder");
+        t.join().unwrap();
     }
 }
