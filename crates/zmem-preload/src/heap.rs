@@ -397,8 +397,8 @@ pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // Moved to a fresh block: an abandoned block stays where it is; a
         // main-heap block whose heap a fork holds is freed later.
         Owner::Abandoned | Owner::Main => {
-            // Never freed. Its size is in its dlmalloc chunk header, the
-            // word before it (the size, with flag bits in the low three).
+            // Its size is in its dlmalloc chunk header, the word before it
+            // (the size, with flag bits in the low three).
             let q = malloc(size);
             if !q.is_null() {
                 // SAFETY: the word before a live dlmalloc block is its
