@@ -35,6 +35,12 @@ struct Trampoline {
     kind: Kind,
     /// On the creator's stack, which it leaves only once this is set.
     recorded: *const AtomicBool,
+    /// The creator's signal mask as the program called: the thread's own
+    /// from its first line of the program's. It is made inside the shim,
+    /// which blocks the asynchronous signals (`guard::guarded`), and would
+    /// otherwise keep them blocked for good (memcached's workers never saw
+    /// the SIGINT of its `shutdown`).
+    mask: libc::sigset_t,
 }
 
 /// Records the thread's stack as cached when the thread exits (the value
@@ -135,6 +141,8 @@ extern "C" fn trampoline(t: *mut c_void) -> *mut c_void {
     // SAFETY: the flag lives on the creator's stack until the creator sees
     // it set; it is not touched after this store.
     unsafe { (*t.recorded).store(true, Ordering::Release) };
+    // SAFETY: t.mask is a mask pthread_sigmask filled in; this thread's own.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &t.mask, std::ptr::null_mut()) };
     (t.start)(t.arg)
 }
 
@@ -164,7 +172,11 @@ pub unsafe extern "C" fn pthread_create(
     }
     let kind = if in_zmem() || crate::next::zmem_thread() { Kind::Zmem } else { Kind::Stack };
     let recorded = AtomicBool::new(false);
-    let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded }));
+    // SAFETY: sigset_t is plain data, valid zeroed.
+    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads this thread's mask into `mask`.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
+    let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded, mask }));
     let _spawning = owned::spawn_lock();
     // Inside the shim: what glibc allocates for the thread (its DTV) comes
     // from zmem's heap, and nothing it maps is managed, so this thread,
