@@ -91,20 +91,32 @@ impl std::fmt::Debug for AsyncSignalsBlocked {
 
 impl Drop for AsyncSignalsBlocked {
     fn drop(&mut self) {
+        // The mask read by `block_async_signals`, put back on the thread it
+        // was read on (the guard is not `Send`).
         if self.blocked {
-            // SAFETY: puts back the mask read by `block_async_signals`, on
-            // the thread it was read on (the guard is not `Send`).
-            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+            set_signal_mask(&self.old);
         }
     }
 }
 
-/// Whether `sig` is blocked on the calling thread.
-pub fn blocks(sig: libc::c_int) -> bool {
+/// The calling thread's signal mask.
+pub fn signal_mask() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, valid zeroed.
     let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: a null new set only reads this thread's mask into `cur`.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) };
+    cur
+}
+
+/// Sets the calling thread's signal mask to `mask`.
+pub fn set_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: `mask` is an initialised set; this changes only this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
+/// Whether `sig` is blocked on the calling thread.
+pub fn blocks(sig: libc::c_int) -> bool {
+    let cur = signal_mask();
     // SAFETY: `cur` is initialised; sigismember only reads it.
     unsafe { libc::sigismember(&cur, sig) == 1 }
 }

@@ -388,8 +388,9 @@ pub(crate) fn memalign(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// `p` is null or this heap's, not freed.
 pub(crate) unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    let main = if owner(p) == Owner::Main { main_heap() } else { None };
-    match owner(p) {
+    let whose = owner(p);
+    let main = if whose == Owner::Main { main_heap() } else { None };
+    match whose {
         // SAFETY: the caller's contract; a block is reallocated by its own heap.
         Owner::Side => SIDE.with(|d| unsafe { d.c_realloc(p.cast(), size) }).cast(),
         // SAFETY: the caller's contract.

@@ -141,8 +141,7 @@ extern "C" fn trampoline(t: *mut c_void) -> *mut c_void {
     // SAFETY: the flag lives on the creator's stack until the creator sees
     // it set; it is not touched after this store.
     unsafe { (*t.recorded).store(true, Ordering::Release) };
-    // SAFETY: t.mask is a mask pthread_sigmask filled in; this thread's own.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &t.mask, std::ptr::null_mut()) };
+    zmem_common::thread::set_signal_mask(&t.mask);
     (t.start)(t.arg)
 }
 
@@ -172,10 +171,7 @@ pub unsafe extern "C" fn pthread_create(
     }
     let kind = if in_zmem() || crate::next::zmem_thread() { Kind::Zmem } else { Kind::Stack };
     let recorded = AtomicBool::new(false);
-    // SAFETY: sigset_t is plain data, valid zeroed.
-    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a null new set only reads this thread's mask into `mask`.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
+    let mask = zmem_common::thread::signal_mask();
     let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded, mask }));
     let _spawning = owned::spawn_lock();
     // Inside the shim: what glibc allocates for the thread (its DTV) comes
