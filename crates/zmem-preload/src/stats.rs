@@ -202,6 +202,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
             "eviction_waits": p.eviction_waits,
             "workingset_refaults": p.workingset_refaults,
             "direct_reclaim_waits": p.direct_reclaim_waits,
+            "direct_reclaim_stores": p.direct_reclaim_stores,
             "limit_soft_events": p.limit_soft_events,
             "limit_soft": p.limit_soft,
             "unevictable_folios": p.unevictable_folios,

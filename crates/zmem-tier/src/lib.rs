@@ -273,6 +273,14 @@ impl Tier {
         Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Whether stores compress on the calling thread (no engines or device
+    /// runs beside it): then [`store_many`](Self::store_many) stores folio
+    /// by folio, and a batch's folios may as well be stored by several
+    /// threads at once, each calling it for its own.
+    pub fn stores_on_caller(&self) -> bool {
+        !self.current().compressor.runs_beside()
+    }
+
     /// The current pool's compressor name.
     pub fn compressor(&self) -> String {
         self.current().name().to_string()

@@ -149,6 +149,30 @@ fn writes_racing_eviction_are_never_lost() {
     assert!(s.evicted_folios > 0, "{s:?}");
 }
 
+/// A walk over 4x the limit, writing and then reading back, outruns reclaim
+/// (a folio compresses slower than it loads): faults wait for reclaim, and
+/// their handler stores folios of the pass under way (`direct.rs`) while
+/// the reclaim thread stores the rest. Every byte comes back.
+#[test]
+fn faults_waiting_for_reclaim_store_folios_of_its_pass() {
+    let _wd = watchdog("direct", 120);
+    let p = pager(16 << 20);
+    let r = p.map(64 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for v in 1..=2 {
+        for pg in 0..pages {
+            write_page(&r, pg, v);
+        }
+        for pg in 0..pages {
+            assert_eq!(check_page(&r, pg, v), 0, "page {pg}, version {v}");
+        }
+    }
+    let s = p.stats();
+    assert!(s.direct_reclaim_waits > 0 && s.load_faults > 0, "{s:?}");
+    assert!(s.direct_reclaim_stores > 0, "waiting faults stored nothing: {s:?}");
+    assert!(s.direct_reclaim_stores <= s.evicted_folios, "{s:?}");
+}
+
 #[test]
 fn madvise_dontneed_drops_evicted_entries() {
     let _wd = watchdog("madvise", 60);

@@ -99,10 +99,11 @@ impl Inner {
             self.kick_reclaim();
         }
         if self.usage() > self.limit() && !self.soft.load(Ordering::Relaxed) {
-            // Direct reclaim, bounded: wait for the reclaimer a little.
+            // Direct reclaim, bounded: wait for the reclaimer a little,
+            // storing folios of its pass meanwhile (`direct.rs`).
             inc(&self.counters.direct_reclaim_waits);
             let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
-            self.wait_for_reclaim_while(deadline, Duration::from_millis(1), || self.usage() > self.limit());
+            self.wait_for_reclaim_while(deadline, Duration::from_millis(1), true, || self.usage() > self.limit());
         }
     }
 
@@ -111,10 +112,31 @@ impl Inner {
     /// `cond` is checked under the lock the wake-up takes, so no wake-up
     /// falls between the check and the wait (one did: a fault waited out
     /// the whole timeout, 1-2 ms, for the 1% of `bench fault`'s loads that
-    /// came after a pass's notify).
-    pub(super) fn wait_for_reclaim_while(&self, deadline: Instant, step: Duration, cond: impl Fn() -> bool) {
+    /// came after a pass's notify). With `help`, folios of the pass under
+    /// way are stored on this thread while `cond` holds, rather than slept
+    /// through (`direct.rs`); reclaim publishes a pass before it wakes
+    /// waiters, so a waiter that found none is woken for the next.
+    pub(super) fn wait_for_reclaim_while(
+        &self,
+        deadline: Instant,
+        step: Duration,
+        help: bool,
+        cond: impl Fn() -> bool,
+    ) {
         let mut g = self.reclaimed.0.lock_ok();
         while cond() && Instant::now() < deadline {
+            if let Some(pass) = help.then(|| self.pass_stores.lock_ok().clone()).flatten() {
+                drop(g);
+                let mut stored = false;
+                while cond() && pass.store_next(&self.tier) {
+                    stored = true;
+                    inc(&self.counters.direct_reclaim_stores);
+                }
+                g = self.reclaimed.0.lock_ok();
+                if stored {
+                    continue;
+                }
+            }
             g = unpoison(self.reclaimed.1.wait_timeout(g, step)).0;
         }
     }

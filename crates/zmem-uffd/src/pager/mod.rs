@@ -105,6 +105,7 @@ mod adopt;
 mod balance;
 mod codec;
 mod config;
+mod direct;
 mod events;
 mod fault;
 mod follow;
@@ -193,6 +194,10 @@ struct Inner {
     stop: AtomicBool,
     kick: (Mutex<bool>, Condvar),
     reclaimed: (Mutex<()>, Condvar),
+    /// The stores of the reclaim pass under way, which a fault waiting in
+    /// `throttle` helps with (`direct.rs`). A leaf lock, held only to
+    /// publish, take or clear the pass.
+    pass_stores: Mutex<Option<Arc<direct::PassStores>>>,
     /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
     /// Folio::Evicting, by (region id, folio): the evictor drops their entries
     /// when it finishes. Also the pages dropped from a Resident folio whose
@@ -403,6 +408,7 @@ impl Pager {
             stop: AtomicBool::new(false),
             kick: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
+            pass_stores: Mutex::new(None),
             dropped: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             forwards: Mutex::new(HashMap::new()),
@@ -492,12 +498,12 @@ impl Pager {
         if self.inner.forked.load(Ordering::Relaxed) {
             self.inner.rescan_shared_now.store(true, Ordering::Release);
             self.inner.kick_reclaim();
-            self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(1), || {
+            self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(1), false, || {
                 self.inner.rescan_shared_now.load(Ordering::Acquire)
             });
         }
         self.inner.kick_reclaim();
-        self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(5), || {
+        self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(5), false, || {
             self.inner.usage() > self.inner.low() && !self.inner.soft.load(Ordering::Relaxed)
         });
     }

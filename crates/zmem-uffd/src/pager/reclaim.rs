@@ -364,7 +364,22 @@ impl Inner {
             }
             spans.push((runs, first..reqs.len()));
         }
-        let outcomes = self.tier.store_many(&reqs);
+        let outcomes = if self.tier.stores_on_caller() {
+            // SAFETY: the folios are this pass's staging slots, MOVE-filled
+            // above. Only this thread frees or reuses a slot (`make_room`,
+            // `release`, the next pass's `place`), and MOVE writes only to
+            // empty ones, so they stay mapped and unchanged until `finish`
+            // returns below, whoever holds the pass then.
+            let pass = Arc::new(unsafe { super::direct::PassStores::new(&reqs) });
+            *self.pass_stores.lock_ok() = Some(Arc::clone(&pass));
+            // A fault waiting in `throttle` takes folios of it.
+            self.wake_reclaim_waiters();
+            let outcomes = pass.finish(&self.tier);
+            *self.pass_stores.lock_ok() = None;
+            outcomes
+        } else {
+            self.tier.store_many(&reqs)
+        };
         drop(reqs);
         for (MovedOut { st, f, slot, present, .. }, (runs, span)) in moved.iter().zip(spans) {
             let slot = *slot;

@@ -28,6 +28,9 @@ pub struct PagerStats {
     /// Folios whose store was rejected and which were put back.
     pub eviction_rejects: u64,
     pub direct_reclaim_waits: u64,
+    /// Store requests (a folio, or a run of one) of a reclaim pass that a
+    /// fault waiting for reclaim stored itself (`direct.rs`).
+    pub direct_reclaim_stores: u64,
     /// Times the limit turned soft: usage was over it and a reclaim pass
     /// could evict nothing (the pool full with writeback off or failing,
     /// or nothing evictable). Reclaim then backs off and faults stop
@@ -175,6 +178,7 @@ pub(super) struct Counters {
     pub(super) evicted_folios: AtomicU64,
     pub(super) eviction_rejects: AtomicU64,
     pub(super) direct_reclaim_waits: AtomicU64,
+    pub(super) direct_reclaim_stores: AtomicU64,
     pub(super) limit_soft_events: AtomicU64,
     pub(super) unevictable_folios: AtomicU64,
     pub(super) poisoned_pages: AtomicU64,
@@ -246,6 +250,7 @@ impl Pager {
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
             direct_reclaim_waits: r(&c.direct_reclaim_waits),
+            direct_reclaim_stores: r(&c.direct_reclaim_stores),
             limit_soft_events: r(&c.limit_soft_events),
             limit_soft: self.inner.soft.load(Ordering::Relaxed),
             unevictable_folios: r(&c.unevictable_folios),
