@@ -1252,8 +1252,8 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
 /// for cold; loaded back soon after its eviction (fewer folios evicted
 /// since than are resident), it counts as a workingset refault and is
 /// kept a few looks longer. A hot set is read over and over while writes
-/// stream through the rest: refaults are counted, and every page reads
-/// back as last written.
+/// stream through the rest: refaults are counted (and their distances),
+/// and every page reads back as last written.
 #[test]
 fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
     let _wd = watchdog("refault", 120);
@@ -1279,6 +1279,10 @@ fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
     assert_eq!(bad, 0, "{:?}", p.stats());
     let s = p.stats();
     assert!(s.workingset_refaults > 0, "{s:?}");
+    // The hot folios come back within a share of what is resident; the
+    // cold stream's (16 MiB through 4) from further than all of it.
+    let near: u64 = s.refault_distance[..zmem_uffd::REFAULT_BUCKETS - 1].iter().sum();
+    assert!(near > 0 && s.refault_distance[zmem_uffd::REFAULT_BUCKETS - 1] > 0, "{s:?}");
     let bad: usize = (0..pages).map(|pg| check_page(&r, pg, want[pg])).sum();
     assert_eq!(bad, 0, "{:?}", p.stats());
 }

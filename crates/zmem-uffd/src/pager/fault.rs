@@ -1016,6 +1016,8 @@ impl Inner {
     /// earns looks it passes as accessed (`RegionState::protect`).
     fn note_refault(&self, st: &RegionState, f: usize) {
         let distance = self.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
+        let b = super::stats::refault_bucket(distance as usize, self.resident.load(Ordering::Relaxed));
+        inc(&self.counters.refault_distance[b]);
         if (distance as usize) < self.resident.load(Ordering::Relaxed) {
             let p = st.protect[f].load(Ordering::Relaxed);
             st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);

@@ -31,6 +31,8 @@ pub(super) struct Lru<T> {
     pub(super) once: VecDeque<T>,
     /// Victims taken from `once` so far.
     pub(super) once_victims: u64,
+    /// Victims taken without a look (the look budget ran out) so far.
+    pub(super) unlooked_victims: u64,
     /// Folios whose pages would not move (mlocked): not looked at until
     /// `UNEVICTABLE_RESCAN` has passed.
     pub(super) unevictable: Vec<T>,
@@ -50,6 +52,7 @@ impl<T> Default for Lru<T> {
             inactive: VecDeque::new(),
             once: VecDeque::new(),
             once_victims: 0,
+            unlooked_victims: 0,
             unevictable: Vec::new(),
             shared: Vec::new(),
         }
@@ -139,6 +142,7 @@ impl<T> Lru<T> {
             left(&item);
             if live(&item) {
                 out.push(item);
+                self.unlooked_victims += 1;
             }
         }
         out
@@ -270,9 +274,10 @@ impl Inner {
         };
         let keep_once = self.cfg.keep_once_folios();
         let mut lru = self.lru.lock_ok();
-        let before = lru.once_victims;
+        let (before, unlooked) = (lru.once_victims, lru.unlooked_victims);
         let victims = lru.isolate(self.cfg.batch_folios(), keep_once, look, live, left);
         self.counters.walk_evictions.fetch_add(lru.once_victims - before, Ordering::Relaxed);
+        self.counters.unlooked_evictions.fetch_add(lru.unlooked_victims - unlooked, Ordering::Relaxed);
         drop(lru);
         for (st, f) in dirtied {
             // Only cached entries go: a store under the same key (an
@@ -375,9 +380,11 @@ mod tests {
         assert_eq!(looks, 32);
         assert_eq!(v.len(), 2);
         assert!(v.iter().all(|x| x % 2 == 1));
+        assert_eq!(l.unlooked_victims, 2, "both taken without a look");
         let mut l = lru(5);
         let v = l.isolate(3, 0, |x| if *x < 2 { Look::Gone } else { Look::Cold }, |_| true, |_| {});
         assert_eq!(v, [2, 3, 4]);
         assert_eq!(l.len(), 0);
+        assert_eq!(l.unlooked_victims, 0, "each victim was looked at");
     }
 }

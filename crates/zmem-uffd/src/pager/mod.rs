@@ -135,7 +135,7 @@ pub use region::Region;
 use region::RegionState;
 use staging::Staging;
 use stats::Counters;
-pub use stats::PagerStats;
+pub use stats::{PagerStats, REFAULT_BUCKETS};
 
 use crate::mapping::PAGE_SIZE;
 use crate::sys::{Features, OpenMode, RegisterMode, Uffd};

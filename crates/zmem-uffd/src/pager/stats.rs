@@ -5,6 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::Pager;
 use crate::mapping::PAGE_SIZE;
 
+/// Buckets of [`PagerStats::refault_distance`].
+pub const REFAULT_BUCKETS: usize = 7;
+
+/// The [`PagerStats::refault_distance`] bucket of a load `distance` folios
+/// after its eviction, with `resident` folios resident.
+pub(super) fn refault_bucket(distance: usize, resident: usize) -> usize {
+    (0..REFAULT_BUCKETS - 1).find(|&i| distance < resident >> (REFAULT_BUCKETS - 2 - i)).unwrap_or(REFAULT_BUCKETS - 1)
+}
+
 /// Counters of a pager.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct PagerStats {
@@ -21,6 +30,13 @@ pub struct PagerStats {
     /// distance under the resident folios): it earns looks it passes as
     /// accessed.
     pub workingset_refaults: u64,
+    /// Loads of evicted folios by refault distance (the folios evicted
+    /// between a folio's eviction and its load), as a share of the resident
+    /// folios at the load: under 1/32, 1/16, 1/8, 1/4, 1/2, 1, and the
+    /// rest. A load in the first buckets is a folio reclaim took while it
+    /// was in use: a read of a resident page is invisible here (no
+    /// accessed bit), so CLOCK saw it cold.
+    pub refault_distance: [u64; REFAULT_BUCKETS],
     /// Faults outside every region (a region being dropped, or zmem
     /// touching its own staging: a bug), answered with a zero page.
     pub stray_faults: u64,
@@ -78,6 +94,10 @@ pub struct PagerStats {
     /// Victims taken from the once list: folios a walk of loads went past
     /// (`lru.rs`, `Lru::once`).
     pub walk_evictions: u64,
+    /// Victims taken without a look, in list order, because every folio
+    /// looked at within the pass's budget was accessed (`Lru::isolate`):
+    /// reclaim is evicting a working set larger than the limit.
+    pub unlooked_evictions: u64,
     /// Adoptions whose range changed between the scan and the
     /// registration: the changed part was left unmanaged (`adopt_range`).
     pub adoption_cuts: u64,
@@ -174,6 +194,7 @@ pub(super) struct Counters {
     pub(super) dropped_page_faults: AtomicU64,
     pub(super) eviction_waits: AtomicU64,
     pub(super) workingset_refaults: AtomicU64,
+    pub(super) refault_distance: [AtomicU64; REFAULT_BUCKETS],
     pub(super) stray_faults: AtomicU64,
     pub(super) evicted_folios: AtomicU64,
     pub(super) eviction_rejects: AtomicU64,
@@ -192,6 +213,7 @@ pub(super) struct Counters {
     pub(super) fork_imported_pages: AtomicU64,
     pub(super) readahead_folios: AtomicU64,
     pub(super) walk_evictions: AtomicU64,
+    pub(super) unlooked_evictions: AtomicU64,
     pub(super) zero_ahead_folios: AtomicU64,
     pub(super) adoption_cuts: AtomicU64,
     pub(super) early_adoptions: AtomicU64,
@@ -241,11 +263,13 @@ impl Pager {
             early_adoptions: r(&c.early_adoptions),
             readahead_folios: r(&c.readahead_folios),
             walk_evictions: r(&c.walk_evictions),
+            unlooked_evictions: r(&c.unlooked_evictions),
             zero_ahead_folios: r(&c.zero_ahead_folios),
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
             workingset_refaults: r(&c.workingset_refaults),
+            refault_distance: std::array::from_fn(|i| r(&c.refault_distance[i])),
             stray_faults: r(&c.stray_faults),
             evicted_folios: r(&c.evicted_folios),
             eviction_rejects: r(&c.eviction_rejects),
@@ -303,5 +327,27 @@ impl Pager {
             max_pool_percent: self.inner.pool_percent(),
             tracking_writes: self.inner.tracking,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refault_buckets_are_shares_of_the_resident_folios() {
+        let r = 3200;
+        assert_eq!(refault_bucket(0, r), 0);
+        assert_eq!(refault_bucket(99, r), 0); // < 1/32
+        assert_eq!(refault_bucket(100, r), 1); // 1/32
+        assert_eq!(refault_bucket(399, r), 2); // < 1/8
+        assert_eq!(refault_bucket(800, r), 4); // 1/4
+        assert_eq!(refault_bucket(1599, r), 4);
+        assert_eq!(refault_bucket(1600, r), 5); // 1/2
+        assert_eq!(refault_bucket(3199, r), 5);
+        assert_eq!(refault_bucket(3200, r), 6); // >= 1
+                                                // Nothing resident: every load is past it.
+        assert_eq!(refault_bucket(0, 0), 6);
+        assert_eq!(refault_bucket(5, 0), 6);
     }
 }
