@@ -10,12 +10,15 @@
 //!   pages to benchmark on.
 // No unsafe code, except in the soak, which plays a program: it unmaps,
 // drops and moves its own managed memory with raw madvise/munmap/mremap;
-// and in the signal set-up of `main` and of `run` (which forwards signals
-// to its program).
+// in the SIGBUS bench, whose signal handler serves faults; and in the
+// signal set-up of `main` and of `run` (which forwards signals to its
+// program).
 #![deny(unsafe_code)]
 
 mod bench_compress;
 mod bench_fault;
+#[allow(unsafe_code)]
+mod bench_sigbus;
 #[allow(unsafe_code)]
 mod bench_soak;
 mod bench_tier;
@@ -76,6 +79,9 @@ enum BenchCmd {
     Zsmalloc(bench_zsmalloc::Args),
     /// Fault latency (p50/p99 per 4 KiB) of the userfaultfd pager: zero-fill, pool, swap file.
     Fault(bench_fault::Args),
+    /// One fault served by a handler thread against the faulting thread's
+    /// own SIGBUS handler (UFFD_FEATURE_SIGBUS): decompress and COPY.
+    Sigbus(bench_sigbus::Args),
     /// Store and load MB/s through the tier, with writeback off and on, and writeback MB/s.
     Tier(bench_tier::Args),
     /// Verified reads and writes of a region several times the limit, under
@@ -105,6 +111,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Zsmalloc(args) } => bench_zsmalloc::run(&args),
         Cmd::Bench { what: BenchCmd::Tier(args) } => bench_tier::run(&args),
         Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
+        Cmd::Bench { what: BenchCmd::Sigbus(args) } => bench_sigbus::run(&args),
         Cmd::Bench { what: BenchCmd::Soak(args) } => bench_soak::run(&args),
         Cmd::Usemem(args) => usemem::run(&args),
         Cmd::Compare(args) => compare::run(&args),
@@ -159,7 +166,11 @@ fn main() -> ExitCode {
         Cmd::Stats(_)
             | Cmd::Corpus { .. }
             | Cmd::Bench {
-                what: BenchCmd::Compress(_) | BenchCmd::Zsmalloc(_) | BenchCmd::Tier(_) | BenchCmd::Fault(_)
+                what: BenchCmd::Compress(_)
+                    | BenchCmd::Zsmalloc(_)
+                    | BenchCmd::Tier(_)
+                    | BenchCmd::Fault(_)
+                    | BenchCmd::Sigbus(_)
             }
     ) {
         die_quietly_on_a_closed_pipe();

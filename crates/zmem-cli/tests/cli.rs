@@ -164,3 +164,25 @@ fn bench_fault_measures_every_kind_of_fault() {
     let (ok, _, err) = run(&["bench", "fault", "--folio-kib", "48"]);
     assert!(!ok && err.contains("power of two"), "{err}");
 }
+
+/// Both designs serve every fault, and every page reads back as the corpus
+/// page that was compressed (the bench checks the bytes and the SIGBUS
+/// handler's fault count, and fails otherwise).
+#[test]
+fn bench_sigbus_serves_every_fault_both_ways() {
+    let (ok, out, err) = run(&["bench", "sigbus", "--mib", "4", "--folio-kib", "16", "--rounds", "2", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let modes = r["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(names, ["thread", "thread-same-cpu", "sigbus"], "{r}");
+    for m in modes {
+        // 4 MiB of 16 KiB folios, twice.
+        assert_eq!(m["faults"].as_u64(), Some(512), "{m}");
+        let (p50, p99) = (m["p50_us_per_4k"].as_f64().unwrap(), m["p99_us_per_4k"].as_f64().unwrap());
+        assert!(p50 > 0.0 && p99 >= p50, "{m}");
+    }
+    assert!(r["sigbus_vs_thread_p50"].as_f64().unwrap() > 0.0, "{r}");
+    let (ok, _, err) = run(&["bench", "sigbus", "--mib", "3", "--folio-kib", "2048"]);
+    assert!(!ok && err.contains("multiple of the folio size"), "{err}");
+}

@@ -59,6 +59,9 @@ impl Features {
     pub const POISON: Features = Features(uapi::UFFD_FEATURE_POISON as u64);
     pub const WP_ASYNC: Features = Features(uapi::UFFD_FEATURE_WP_ASYNC as u64);
     pub const MOVE: Features = Features(uapi::UFFD_FEATURE_MOVE as u64);
+    /// Faults in registered ranges raise SIGBUS in the faulting thread
+    /// instead of queueing a message (`zmem bench sigbus` measures it).
+    pub const SIGBUS: Features = Features(uapi::UFFD_FEATURE_SIGBUS as u64);
 
     pub fn contains(self, other: Features) -> bool {
         self.0 & other.0 == other.0
