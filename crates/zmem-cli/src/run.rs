@@ -409,9 +409,16 @@ pub fn stats(args: &StatsArgs) -> Result<()> {
     leaves("", &v, &mut l);
     if args.prometheus {
         for (k, v) in &l {
+            let name = k.replace('.', "_");
             if let Some(n) = v.as_f64() {
                 if k != "pid" {
-                    println!("zmem_{}{{pid=\"{}\"}} {n}", k.replace('.', "_"), args.pid);
+                    println!("zmem_{name}{{pid=\"{}\"}} {n}", args.pid);
+                }
+            } else if let Some(a) = v.as_array() {
+                // A counter per bucket (`pager.refault_distance`): one
+                // series each, labelled with its index.
+                for (i, n) in a.iter().enumerate().filter_map(|(i, x)| Some((i, x.as_f64()?))) {
+                    println!("zmem_{name}{{pid=\"{}\",bucket=\"{i}\"}} {n}", args.pid);
                 }
             }
         }

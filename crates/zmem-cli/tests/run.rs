@@ -1478,6 +1478,8 @@ fn zmem_stats_reads_a_running_process() {
     let o = zmem(&["stats", pid, "--prometheus"], &[("ZMEM_STATS_DIR", dir)], 30);
     let p = String::from_utf8_lossy(&o.stdout);
     assert!(p.contains(&format!("zmem_pager_evicted_folios{{pid=\"{pid}\"}}")), "{p}");
+    // A bucketed counter: one series per bucket.
+    assert!(p.contains(&format!("zmem_pager_refault_distance{{pid=\"{pid}\",bucket=\"6\"}}")), "{p}");
     // The process tree that shares the limit, with this process in it.
     assert_eq!(v["tree"]["limit"], 32 << 20, "{v}");
     let members = v["tree"]["processes"].as_array().unwrap();
