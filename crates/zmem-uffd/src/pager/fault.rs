@@ -58,11 +58,12 @@ use crate::sys::{Event, UffdError};
 pub(super) struct ReadAhead {
     streams: [Stream; STREAMS],
     clock: u64,
-    /// The pages `[lo, hi)` this handler's last few partial loads brought
-    /// in, and where: `(region, folio, lo, hi)`, newest at
-    /// `blocks_at` (see `Inner::swapped_around`). A few, as for streams:
-    /// a program walks two arrays at once (Python: a list and the objects
-    /// it points to).
+    /// The pages `[lo, hi)` the last partial load of each of the last few
+    /// folios this handler loaded in part brought in: `(region, folio, lo,
+    /// hi)` (see [`swapped_around`]). A few, as for streams: a program
+    /// walks two arrays at once (Python: a list and the objects it points
+    /// to). A ring: a new folio takes the slot after `blocks_at`, the one
+    /// written last.
     blocks: [(u32, usize, usize, usize); STREAMS],
     blocks_at: usize,
 }
@@ -1065,8 +1066,6 @@ impl Inner {
     }
 }
 
-/// The aligned block of `w` pages (a power of two) around page `i`, as a
-/// mask of a folio's pages.
 /// Which of the pages a partial load left in a folio of `ppf` pages in the
 /// tier (`swapped`) a fault on page `i` of them loads, with blocks of `w`
 /// pages. `last` is the pages `[lo, hi)` the handler's last partial load of
@@ -1104,6 +1103,8 @@ fn swapped_around(swapped: u64, i: usize, last: Option<(usize, usize)>, ppf: usi
     swapped & mask
 }
 
+/// The aligned block of `w` pages (a power of two) around page `i`, as a
+/// mask of a folio's pages.
 fn block_around(i: usize, w: usize) -> u64 {
     let lo = i / w * w;
     (if w >= 64 { !0 } else { (1u64 << w) - 1 }) << lo
