@@ -482,4 +482,31 @@ mod tests {
         assert_eq!(free_pages_kept(1 << 20, 1024), 32, "a tiny pool: the floor");
         assert_eq!(free_pages_kept(1 << 20, 8), 8, "never above the configured most");
     }
+
+    /// A store that reuses a clean copy gives the entry a new id, so that
+    /// its age (the store clock less the id: `cold_pool_loads`) runs from
+    /// this eviction, not from the page's first store; and a writeback or
+    /// load that took the old id then lets the entry be.
+    #[test]
+    fn a_reused_clean_copy_takes_a_new_id() {
+        let t = Tier::new(TierConfig { exclusive_loads: false, ..TierConfig::without_writeback() }).unwrap();
+        let page = zmem_compress::corpus::Corpus::sample().page(3).to_vec();
+        t.store(7, &page).unwrap();
+        let id = |t: &Tier| t.tree.lock(7).get(7).map(|e| (e.id, e.cached)).unwrap();
+        let (first, _) = id(&t);
+        // Other stores move the clock on.
+        for k in 100..300 {
+            t.store(k, zmem_compress::corpus::Corpus::sample().page(k as usize)).unwrap();
+        }
+        let mut buf = vec![0u8; PAGE_SIZE];
+        assert_eq!(t.load(7, &mut buf).unwrap(), LoadOutcome::Loaded);
+        assert_eq!(buf, page);
+        assert!(t.retain_clean(7, &buf, true));
+        assert_eq!(id(&t), (first, true));
+        t.store_reusing(7, &page).unwrap();
+        let (now, cached) = id(&t);
+        assert!(!cached);
+        assert!(now.wrapping_sub(first) >= 200, "{first} -> {now}: stored again as of now");
+        assert_eq!(t.stats().cached_reused, 1);
+    }
 }

@@ -77,7 +77,7 @@ impl Tier {
     /// pool (`cold_pool_loads`): its age, in pages stored since (the store
     /// clock, `crate::store::id_clock`), over the entries the pool holds
     /// less the window. An entry kept from a load and stored again
-    /// unchanged keeps its id, so it reads older than it is.
+    /// unchanged takes a new id then, so its age runs from that eviction.
     fn pool_loaded(&self, e: &Entry) {
         use std::sync::atomic::Ordering::Relaxed;
         let age = u64::from(crate::store::id_clock().wrapping_sub(e.id));

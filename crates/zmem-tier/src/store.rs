@@ -83,11 +83,17 @@ fn page_of(folio: &[u8], i: usize) -> &[u8] {
 /// Entry ids: unique per store, handed to threads in blocks so that a store
 /// does not touch a shared counter per page.
 static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
-const ID_BLOCK: u64 = 1024;
+/// Four 64 KiB folios: one shared add per four stores, and a clock that
+/// runs at most 64 pages a storing thread ahead (with 1024, the reclaim
+/// thread and two handlers put it ~3k pages ahead, a fifth of what a 64M
+/// limit's pool holds, and ages were read that much too old).
+const ID_BLOCK: u64 = 64;
 
 /// The store clock: about the next id to be handed out (ids go to threads
 /// in blocks of `ID_BLOCK`, so this runs up to a block ahead of a store).
-/// `clock - id` is an entry's age in pages stored since.
+/// `clock - id` is an entry's age in pages stored since; a store that
+/// reuses a clean copy gives it a new id ([`Tier::reuse_cached`]), so the
+/// age runs from the page's last eviction.
 pub(crate) fn id_clock() -> u32 {
     NEXT_ID_BLOCK.load(Ordering::Relaxed) as u32
 }
@@ -456,6 +462,14 @@ impl Tier {
         let mut e = shard.get_mut(key).expect("looked up under the same lock");
         e.cached = false;
         e.referenced = true;
+        // Stored again, as of now: its age (the store clock less its id,
+        // `cold_pool_loads`) starts over. With the id it had, a page read
+        // over and over and evicted unchanged each time aged with every
+        // trip: on `scripts/node-random.js` under 200M, 3.4M of 3.4M loads
+        // counted as loads of the pool's coldest entries. A writeback,
+        // load or recompression that took the old id finds it changed and
+        // lets the entry be (they re-check the id under the lock).
+        e.id = next_ids(1);
         dec(&self.counters.cached_pages, 1);
         true
     }
