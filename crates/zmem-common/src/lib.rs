@@ -34,8 +34,9 @@ pub mod defaults {
     /// 300k keys under 48M 144 s against 195 s, Python the same.
     pub const RUN_MAX_POOL_PERCENT: u32 = 50;
     /// Bounds for `PagerConfig::pool_balance`, the share that moves with
-    /// what misses cost. Off under `zmem run` for now: see ARCHITECTURE.md
-    /// ("The pool's share of the limit").
+    /// what misses cost, from `RUN_MAX_POOL_PERCENT`. On under `zmem run`
+    /// with a swap file, unless `ZMEM_MAX_POOL_PERCENT` fixes the share
+    /// (ARCHITECTURE.md, "The pool's share of the limit").
     pub const POOL_BALANCE_PERCENT: (u32, u32) = (20, 80);
     /// After the pool limit is hit, stores resume below this percent of it.
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;

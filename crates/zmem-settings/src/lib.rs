@@ -7,7 +7,7 @@
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle`; unset: lz4, and zstd:1 for new stores while the swap file serves a tenth of the loads or more |
 //! | `ZMEM_RECOMPRESS` | unset | a stronger codec (`zstd`, say): idle pool entries are recompressed with it in the background, as zram's `recompress` |
-//! | `ZMEM_MAX_POOL_PERCENT` | `50` | the pool's share of the limit (1..=100) |
+//! | `ZMEM_MAX_POOL_PERCENT` | unset | the pool's share of the limit, fixed (1..=100); unset: it starts at 50% and moves between 20% and 80% with what misses cost (with a swap file; without one it stays at 50%) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
@@ -46,6 +46,9 @@ pub struct Settings {
     /// `PagerConfig::recompress`.
     pub recompress: Option<CodecSpec>,
     pub max_pool_percent: u32,
+    /// `PagerConfig::pool_balance`: the share moves, unless
+    /// `ZMEM_MAX_POOL_PERCENT` fixed it (a share named is the share used).
+    pub pool_balance: bool,
     /// Where the swap file goes; `None`: writeback is off.
     pub swapfile_dir: Option<PathBuf>,
     pub encrypt: bool,
@@ -158,6 +161,7 @@ impl Default for Settings {
             strong_compressor: Some(defaults::STRONG_COMPRESSOR.parse().expect("the default is a codec")),
             recompress: None,
             max_pool_percent: defaults::RUN_MAX_POOL_PERCENT,
+            pool_balance: true,
             swapfile_dir: Some(PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR)),
             encrypt: true,
             threshold: Settings::DEFAULT_THRESHOLD,
@@ -200,6 +204,7 @@ impl Settings {
                 "ZMEM_RECOMPRESS" if v.trim().is_empty() => s.recompress = None,
                 "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| format!("{k}={v}: {e}"))?),
                 "ZMEM_MAX_POOL_PERCENT" => {
+                    s.pool_balance = false;
                     s.max_pool_percent = v
                         .parse()
                         .ok()
@@ -299,6 +304,9 @@ impl Settings {
         }
         cfg.tier = tier;
         cfg.recompress = self.recompress;
+        // A smaller pool is worth something only where what it cannot hold
+        // goes to the swap file.
+        cfg.pool_balance = (self.pool_balance && self.swapfile_dir.is_some()).then_some(defaults::POOL_BALANCE_PERCENT);
         // Without a swap file nothing is loaded from the disk.
         cfg.strong_codec = self.strong_compressor.filter(|_| self.swapfile_dir.is_some());
         cfg.adopt = self.adopt.then_some(AdoptConfig {
@@ -388,6 +396,16 @@ mod tests {
         let s = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap();
         assert_eq!(s.swapfile_dir, None);
         assert!(!s.pager_config().tier.writeback);
+    }
+
+    #[test]
+    fn the_pools_share_moves_unless_a_share_is_named_or_there_is_no_swap_file() {
+        let on = Some(defaults::POOL_BALANCE_PERCENT);
+        assert_eq!(Settings::from_vars::<&str, &str>([]).unwrap().pager_config().pool_balance, on);
+        let s = Settings::from_vars([("ZMEM_MAX_POOL_PERCENT", "30")]).unwrap();
+        assert_eq!((s.pager_config().pool_balance, s.pager_config().tier.max_pool_percent), (None, 30));
+        let s = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap();
+        assert_eq!(s.pager_config().pool_balance, None);
     }
 
     /// Issue 11, finding 2: `std::env::vars()` panicked on a non-UTF-8

@@ -20,8 +20,9 @@
 //! The share moves one step at a time between the configured bounds:
 //! up, every `BALANCE_INTERVAL`, when swap refaults are over
 //! `GROW_MARGIN` times the refaults; down, at most every
-//! `SHRINK_INTERVAL`, when refaults outnumber swap refaults and cold pool
-//! loads together since the last time it could. Misses from further back
+//! `SHRINK_INTERVAL`, when refaults outnumber `SWAP_FAULT_EXTRA` times the
+//! swap refaults and cold pool loads together since the last time it
+//! could, all counted in faults. Misses from further back
 //! count for no side: a walk over several times what memory holds reads it
 //! all back, whatever the share. A step down starts from what the pool
 //! holds, not from its share: a share the pool does not fill gives
@@ -63,11 +64,31 @@ pub(super) fn grows(refaults: u64, swap_refaults: u64) -> bool {
     swap_refaults >= QUIET && swap_refaults > GROW_MARGIN * refaults
 }
 
+/// What a fault that reads the swap file costs over one served from the
+/// pool, in faults from the pool: `zmem bench fault` puts the two at ~18
+/// and ~5 µs per 4 KiB (a read and a decryption besides the decompression).
+const SWAP_FAULT_EXTRA: u64 = 3;
+
 /// Whether it should shrink, after `refaults` refaults and, of the misses
-/// a step less pool would cost, `swap_refaults` and `cold_pool_loads`
-/// (loads from the step of the pool next to be written back).
-pub(super) fn shrinks(refaults: u64, swap_refaults: u64, cold_pool_loads: u64) -> bool {
-    refaults >= QUIET && refaults > swap_refaults + cold_pool_loads
+/// a step less pool would cost, `swap_faults` and `cold_faults` (faults
+/// that loaded from the swap file, or from the step of the pool next to be
+/// written back). All three count faults, not pages: the tier counts the
+/// last two in pages, and with a folio loaded a fault they read 14 times
+/// the refaults they stood for (`scripts/node-random.js` under 200M:
+/// 314k cold pool loads in 22k faults, beside ~215k refaults within a
+/// step, and the share never moved). Each of them would cost a read of
+/// the swap file where the refault costs a decompression.
+pub(super) fn shrinks(refaults: u64, swap_faults: u64, cold_faults: u64) -> bool {
+    refaults >= QUIET && refaults > SWAP_FAULT_EXTRA * (swap_faults + cold_faults)
+}
+
+/// `pages` loaded from the tier as faults, at the `loads` pages that
+/// `faults` faults loaded over the same time (at least a page a fault).
+pub(super) fn as_faults(pages: u64, loads: u64, faults: u64) -> u64 {
+    if loads <= faults {
+        return pages;
+    }
+    (u128::from(pages) * u128::from(faults)).div_ceil(u128::from(loads)) as u64
 }
 
 /// The share one step down from `percent` when the pool fills `used`
@@ -82,14 +103,43 @@ pub(super) fn step_down(percent: u32, used: u32, min: u32) -> u32 {
 #[derive(Debug)]
 pub(super) struct Balance {
     at: Instant,
-    last: (u64, u64, u64),
+    last: Misses,
     shrink_at: Instant,
-    shrink_last: (u64, u64, u64),
+    shrink_last: Misses,
+}
+
+/// The counters the balance reads: refaults within a step, swap refaults
+/// and cold pool loads (pages), pages loaded from the tier, and the faults
+/// that loaded them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Misses {
+    refaults: u64,
+    swap_refaults: u64,
+    cold_pool_loads: u64,
+    loads: u64,
+    load_faults: u64,
+}
+
+impl Misses {
+    fn since(self, then: Misses) -> Misses {
+        Misses {
+            refaults: self.refaults - then.refaults,
+            swap_refaults: self.swap_refaults - then.swap_refaults,
+            cold_pool_loads: self.cold_pool_loads - then.cold_pool_loads,
+            loads: self.loads - then.loads,
+            load_faults: self.load_faults - then.load_faults,
+        }
+    }
 }
 
 impl Balance {
     pub(super) fn new() -> Balance {
-        Balance { at: Instant::now(), last: (0, 0, 0), shrink_at: Instant::now(), shrink_last: (0, 0, 0) }
+        Balance {
+            at: Instant::now(),
+            last: Misses::default(),
+            shrink_at: Instant::now(),
+            shrink_last: Misses::default(),
+        }
     }
 }
 
@@ -126,18 +176,25 @@ impl Inner {
         let step = self.limit() / 100 * BALANCE_STEP as usize;
         let ratio = (s.stored_pages as f64 * PAGE_SIZE as f64 / s.pool_total_size.max(1) as f64).max(1.0);
         self.tier.set_swap_refault_window(((step as f64 * ratio) as u64 / PAGE_SIZE as u64).max(1));
-        let now = (self.balance_refaults.load(Ordering::Relaxed), s.swap_refaults, s.cold_pool_loads);
-        let short = (now.0 - b.last.0, now.1 - b.last.1);
-        let long = (now.0 - b.shrink_last.0, now.1 - b.shrink_last.1, now.2 - b.shrink_last.2);
+        let now = Misses {
+            refaults: self.balance_refaults.load(Ordering::Relaxed),
+            swap_refaults: s.swap_refaults,
+            cold_pool_loads: s.cold_pool_loads,
+            loads: s.zswpin,
+            load_faults: self.counters.load_faults.load(Ordering::Relaxed),
+        };
+        let short = now.since(b.last);
         b.last = now;
         let percent = self.pool_percent();
-        let next = if grows(short.0, short.1) {
+        let next = if grows(short.refaults, short.swap_refaults) {
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             (percent + BALANCE_STEP).min(max)
         } else if b.shrink_at.elapsed() >= SHRINK_INTERVAL {
+            let long = now.since(b.shrink_last);
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
-            if shrinks(long.0, long.1, long.2) {
+            let faults = |pages| as_faults(pages, long.loads, long.load_faults);
+            if shrinks(long.refaults, faults(long.swap_refaults), faults(long.cold_pool_loads)) {
                 step_down(percent, used, min)
             } else {
                 percent
@@ -167,12 +224,20 @@ mod tests {
     #[test]
     fn refaults_shrink_it_when_they_outnumber_what_less_pool_would_cost() {
         assert!(shrinks(100, 0, 0));
-        assert!(shrinks(100, 49, 50));
-        assert!(!shrinks(100, 100, 0));
-        // Loads from the pool's cold end: a step down would send them to
-        // the swap file.
-        assert!(!shrinks(100, 0, 100));
+        assert!(shrinks(100, 16, 16));
+        assert!(!shrinks(100, 17, 17));
+        assert!(!shrinks(100, 34, 0));
+        assert!(!shrinks(100, 0, 34));
         assert!(!shrinks(QUIET - 1, 0, 0));
+    }
+
+    #[test]
+    fn pages_count_as_the_faults_that_loaded_them() {
+        // 14 pages a fault: 314k pages are 22.4k faults.
+        assert_eq!(as_faults(314_000, 14_000, 1_000), 22_429);
+        assert_eq!(as_faults(7, 0, 0), 7);
+        assert_eq!(as_faults(7, 5, 5), 7);
+        assert_eq!(as_faults(1, 16, 1), 1);
     }
 
     #[test]

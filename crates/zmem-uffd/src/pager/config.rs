@@ -115,8 +115,8 @@ pub struct PagerConfig {
     /// loads from the swap file outnumber refaults, towards resident pages
     /// while refaults do (`balance.rs`). `None`: the share stays fixed.
     /// Ignored when `tier.max_pool_bytes` fixes the pool's limit. Off by
-    /// default, and under `zmem run` (see ARCHITECTURE.md, "The pool's
-    /// share of the limit", for the fork failure that keeps it off).
+    /// default here; on under `zmem run` with a swap file, unless a share
+    /// is named (ARCHITECTURE.md, "The pool's share of the limit").
     pub pool_balance: Option<(u32, u32)>,
     /// A stronger codec for new stores while the swap file serves many of
     /// the loads, and back to `tier.compressor` once it serves few
