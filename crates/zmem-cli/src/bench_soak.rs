@@ -49,7 +49,7 @@ pub struct Args {
     #[arg(long, default_value_t = zmem_common::defaults::FAULT_AROUND_BYTES)]
     fault_around: usize,
     /// Let the pool's share of the limit move with what misses cost
-    /// (`PagerConfig::pool_balance`, off by default), starting at 25%.
+    /// (`PagerConfig::pool_balance`, as under `zmem run`), starting at 25%.
     #[arg(long)]
     pool_balance: bool,
     #[arg(long)]

@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long)]
     recompress: Option<String>,
     /// The pool's share of the limit, percent, fixed [default: from 50%,
-    /// moved between 20% and 80% by what misses cost, with a swap file].
+    /// moved between 10% and 80% by what misses cost, with a swap file].
     #[arg(long)]
     max_pool_percent: Option<String>,
     /// Write cold pages back to a swap file in this directory (on disk, not

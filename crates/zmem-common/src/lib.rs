@@ -37,7 +37,7 @@ pub mod defaults {
     /// what misses cost, from `RUN_MAX_POOL_PERCENT`. On under `zmem run`
     /// with a swap file, unless `ZMEM_MAX_POOL_PERCENT` fixes the share
     /// (ARCHITECTURE.md, "The pool's share of the limit").
-    pub const POOL_BALANCE_PERCENT: (u32, u32) = (20, 80);
+    pub const POOL_BALANCE_PERCENT: (u32, u32) = (10, 80);
     /// After the pool limit is hit, stores resume below this percent of it.
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
     /// The eviction unit.
