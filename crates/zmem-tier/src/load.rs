@@ -86,6 +86,13 @@ impl Tier {
         }
     }
 
+    /// Pages read back from the swap file so far (`pswpin`), without the
+    /// rest of [`Tier::stats`]: the pager tells a fault that read the swap
+    /// file from one served by the pool by this count's move.
+    pub fn swap_reads(&self) -> u64 {
+        self.counters.pswpin.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Counts pages read back from the swap file's `slots` (`pswpin`), and
     /// those a somewhat larger pool would have held (`swap_refaults`, see
     /// [`Tier::set_swap_refault_window`]).

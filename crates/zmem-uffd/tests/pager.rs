@@ -171,6 +171,9 @@ fn faults_waiting_for_reclaim_store_folios_of_its_pass() {
     assert!(s.direct_reclaim_waits > 0 && s.load_faults > 0, "{s:?}");
     assert!(s.direct_reclaim_stores > 0, "waiting faults stored nothing: {s:?}");
     assert!(s.direct_reclaim_stores <= s.evicted_folios, "{s:?}");
+    // Every fault that loaded is timed, as one of the two kinds.
+    assert_eq!(s.pool_load_faults + s.swap_load_faults, s.load_faults + s.swapped_page_faults, "{s:?}");
+    assert!(s.pool_load_faults > 0 && s.pool_load_fault_ns > s.pool_load_faults, "{s:?}");
 }
 
 #[test]
@@ -222,6 +225,11 @@ fn dropping_a_region_frees_its_entries_and_the_swap_file_serves_faults() {
     }
     let t = p.tier().stats();
     assert!(t.written_back_pages > 0, "the small pool wrote back to the swap file: {t:?}");
+    // Every fault that loaded is timed, as one of the two kinds.
+    let s = p.stats();
+    assert_eq!(s.pool_load_faults + s.swap_load_faults, s.load_faults + s.swapped_page_faults, "{s:?}");
+    assert!(s.swap_load_faults > 0 && s.swap_load_fault_ns > s.swap_load_faults, "{s:?}");
+    assert!(s.reclaim_store_pages >= t.zswpout && s.reclaim_store_ns > 0, "{s:?} {t:?}");
     drop(r);
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");

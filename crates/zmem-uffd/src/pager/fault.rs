@@ -570,7 +570,7 @@ impl Inner {
                     .filter(|_| !walk && !self.held.lock_ok().contains_key(&(st.id, f)))
                     .map(|w| block_around(page, w));
                 let why = if walk { Load::Walk } else { Load::Fault };
-                if self.load_pages(&st, f, want, bounce, why) == Served::Again {
+                if self.timed_load(&st, f, want, bounce, why) == Served::Again {
                     return Served::Again;
                 }
                 if let Some(m) = want {
@@ -592,7 +592,7 @@ impl Inner {
                 // A page a partial load left in the tier.
                 let i = (addr - folio_addr) as usize / PAGE_SIZE;
                 let want = self.swapped_around(st.swapped[f].load(Ordering::Relaxed), i, ra.last_block(st.id, f));
-                if self.load_pages(&st, f, Some(want), bounce, Load::Fault) == Served::Again {
+                if self.timed_load(&st, f, Some(want), bounce, Load::Fault) == Served::Again {
                     return Served::Again;
                 }
                 ra.loaded_block(st.id, f, want);
@@ -685,6 +685,28 @@ impl Inner {
             a += PAGE_SIZE as u64;
         }
         self.counters.stray_zero_pages.fetch_add(filled, Ordering::Relaxed);
+    }
+
+    /// [`Inner::load_pages`] for a fault, timed: the time goes to
+    /// `swap_load_fault_ns` where the load read the swap file, else to
+    /// `pool_load_fault_ns` (what a miss of each kind costs; `balance.rs`
+    /// says why the share is not moved by them). A read by another handler
+    /// of this pager meanwhile counts for this one.
+    fn timed_load(&self, st: &Arc<RegionState>, f: usize, want: Option<u64>, bounce: &mut [u8], why: Load) -> Served {
+        let (t, reads) = (Instant::now(), self.tier.swap_reads());
+        let served = self.load_pages(st, f, want, bounce, why);
+        if served == Served::Done {
+            let ns = t.elapsed().as_nanos() as u64;
+            let c = &self.counters;
+            let (n, total) = if self.tier.swap_reads() != reads {
+                (&c.swap_load_faults, &c.swap_load_fault_ns)
+            } else {
+                (&c.pool_load_faults, &c.pool_load_fault_ns)
+            };
+            inc(n);
+            total.fetch_add(ns, Ordering::Relaxed);
+        }
+        served
     }
 
     /// Loads pages of folio `f` of `st` back into the program (the caller

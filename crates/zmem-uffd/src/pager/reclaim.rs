@@ -364,6 +364,7 @@ impl Inner {
             }
             spans.push((runs, first..reqs.len()));
         }
+        let (stored_at, store_pages) = (Instant::now(), reqs.iter().map(|r| r.folio.len() / PAGE_SIZE).sum::<usize>());
         let outcomes = if self.tier.stores_on_caller() {
             // SAFETY: the folios are this pass's staging slots, MOVE-filled
             // above. Only this thread frees or reuses a slot (`make_room`,
@@ -381,6 +382,8 @@ impl Inner {
             self.tier.store_many(&reqs)
         };
         drop(reqs);
+        self.counters.reclaim_store_ns.fetch_add(stored_at.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.counters.reclaim_store_pages.fetch_add(store_pages as u64, Ordering::Relaxed);
         for (MovedOut { st, f, slot, present, .. }, (runs, span)) in moved.iter().zip(spans) {
             let slot = *slot;
             let run_data = |p: usize, n: usize| staging.run(slot, p, n);

@@ -147,6 +147,17 @@ pub struct PagerStats {
     pub partial_load_faults: u64,
     /// Faults on a page a partial load left in the tier.
     pub swapped_page_faults: u64,
+    /// Faults that loaded pages from the tier and read none from the swap
+    /// file, and the handler's time on their loads (`load_pages`), ns.
+    pub pool_load_faults: u64,
+    pub pool_load_fault_ns: u64,
+    /// Faults that read pages from the swap file too, and the same time.
+    pub swap_load_faults: u64,
+    pub swap_load_fault_ns: u64,
+    /// Pages reclaim passes stored, and the passes' time storing them (ns,
+    /// wall: the compression an eviction costs).
+    pub reclaim_store_pages: u64,
+    pub reclaim_store_ns: u64,
     /// Bytes of resident folios' pages left in the tier by partial loads.
     pub swapped_bytes: u64,
     /// Pages a load stepped over because the program was dropping them
@@ -231,6 +242,12 @@ pub(super) struct Counters {
     pub(super) staging_frees: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
+    pub(super) pool_load_faults: AtomicU64,
+    pub(super) pool_load_fault_ns: AtomicU64,
+    pub(super) swap_load_faults: AtomicU64,
+    pub(super) swap_load_fault_ns: AtomicU64,
+    pub(super) reclaim_store_pages: AtomicU64,
+    pub(super) reclaim_store_ns: AtomicU64,
     pub(super) fenced_pages: AtomicU64,
     pub(super) adopted_zero_pages: AtomicU64,
     pub(super) stray_zero_pages: AtomicU64,
@@ -307,6 +324,12 @@ impl Pager {
             swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
             swapped_page_faults: r(&c.swapped_page_faults),
+            pool_load_faults: r(&c.pool_load_faults),
+            pool_load_fault_ns: r(&c.pool_load_fault_ns),
+            swap_load_faults: r(&c.swap_load_faults),
+            swap_load_fault_ns: r(&c.swap_load_fault_ns),
+            reclaim_store_pages: r(&c.reclaim_store_pages),
+            reclaim_store_ns: r(&c.reclaim_store_ns),
             fenced_pages: r(&c.fenced_pages),
             adopted_zero_pages: r(&c.adopted_zero_pages),
             stray_zero_pages: r(&c.stray_zero_pages),
