@@ -745,6 +745,41 @@ fn a_statically_linked_program_runs_with_a_warning_that_it_is_not_managed() {
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("statically"), "{}", text(&o));
 }
 
+/// Shared memory (a memfd: the JVM's ZGC keeps its heap in one) is never
+/// managed: UFFDIO_MOVE takes private anonymous pages only. It is outside
+/// the limit, so the stats show it and the process says so once, while its
+/// private memory pages through the limit as ever. Python holds 48 MiB of
+/// a memfd and writes 96 MiB of bytearrays under 32M; it leaves with
+/// `os._exit`, so that the memfd is still mapped when its last stats file
+/// is written (Python's own exit unmaps it first).
+#[test]
+fn shared_memory_is_left_alone_counted_and_warned_about() {
+    let stats = tmpdir("shmem-stats");
+    let script = "import mmap, os, time\n\
+                  n = 48 << 20\n\
+                  fd = os.memfd_create('heap')\n\
+                  os.ftruncate(fd, n)\n\
+                  m = mmap.mmap(fd, n)\n\
+                  m.write(bytes(range(256)) * (n // 256))\n\
+                  b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  time.sleep(0.5)\n\
+                  ok = all(m[i] == i % 256 for i in range(0, n, 4093)) and all(len(x) == 1 << 20 for x in b)\n\
+                  print('shared', ok, flush=True)\n\
+                  os._exit(0)\n";
+    let o = zmem(
+        &["run", "--limit", "32M", "--", "python3", "-c", script],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        180,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("shared True"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("which zmem does not manage").count(), 1, "one warning: {}", text(&o));
+    let shmem = stats_max(&stats, |v| v["footprint"]["shmem_bytes"].as_u64());
+    assert!(shmem >= 48 << 20, "shmem_bytes {shmem}; {}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 500, "the bytearrays paged; {}", text(&o));
+}
+
 /// Memory the program locks (`MAP_LOCKED`, `mlock`) is never managed, while
 /// its malloc'd memory is (tests/data/mlock.c reads its own smaps).
 #[test]

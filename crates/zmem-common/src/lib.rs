@@ -19,6 +19,14 @@ pub mod tls;
 /// The size of one page of user memory (x86-64).
 pub const PAGE_SIZE: usize = 4096;
 
+/// The value of a `KEY: N kB` line of a `/proc` file (`/proc/PID/status`,
+/// a `smaps_rollup`), in bytes; `None` if there is no such line. `key`
+/// ends with its colon, so that `Pss:` is not taken for `Pss_Anon:`.
+pub fn kb_field(t: &str, key: &str) -> Option<u64> {
+    let v = t.lines().find_map(|l| l.strip_prefix(key))?;
+    Some(v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? << 10)
+}
+
 /// The defaults, in one place: the library configs, `zmem run`'s settings
 /// and the CLI's flags all take them from here.
 pub mod defaults {
@@ -174,5 +182,14 @@ mod tests {
         let rw = RwLock::new(5);
         *rw.write_ok() += 1;
         assert_eq!(*rw.read_ok(), 6);
+    }
+
+    #[test]
+    fn a_kb_line_reads_as_bytes_and_only_under_its_own_key() {
+        let t = "Name:\tjava\nVmRSS:\t  2048 kB\nRssShmem:\t 512 kB\nPss_Anon: 3 kB\n";
+        assert_eq!(kb_field(t, "VmRSS:"), Some(2 << 20));
+        assert_eq!(kb_field(t, "RssShmem:"), Some(512 << 10));
+        assert_eq!(kb_field(t, "Pss:"), None, "Pss_Anon is not Pss");
+        assert_eq!(kb_field(t, "Name:"), None, "not a kB line");
     }
 }

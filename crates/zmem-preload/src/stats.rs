@@ -11,7 +11,6 @@ use std::time::Duration;
 use zmem_common::{stats_files, LockExt};
 
 use crate::init::{current, Shim, LIVE};
-use crate::PAGE;
 
 /// Set for good once the process runs its exit handlers: no stats file is
 /// written from then on.
@@ -49,7 +48,9 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
                 }
             }
             let dir = &ready.as_ref().expect("made ready above").1;
-            let json = stats_json(s);
+            let mem = ProcMem::now();
+            warn_shared_once(mem.shmem, s.settings.limit);
+            let json = stats_json_with(s, mem);
             // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
             // or the handler sees WRITING and waits for the rename.
             WRITING.store(true, Ordering::SeqCst);
@@ -131,16 +132,60 @@ pub(crate) extern "C" fn remove_at_exit() {
     }
 }
 
+/// This process's resident memory, from `/proc/self/status` (0 where it
+/// cannot be read).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProcMem {
+    /// All of it (`VmRSS`): the program's pages, the pool, zmem's metadata.
+    rss: u64,
+    /// Its shared memory (`RssShmem`): memfds, `/dev/shm`, shared anonymous
+    /// mappings. zmem manages private anonymous memory only (UFFDIO_MOVE
+    /// takes nothing else), so these pages are outside the limit, where a
+    /// cgroup would charge them. A page mapped twice counts twice.
+    shmem: u64,
+}
+
+impl ProcMem {
+    pub(crate) fn now() -> ProcMem {
+        let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/status".as_ref())
+            .unwrap_or_default();
+        let kb = |key| zmem_common::kb_field(&t, key).unwrap_or(0);
+        ProcMem { rss: kb("VmRSS:"), shmem: kb("RssShmem:") }
+    }
+}
+
+/// Shared memory above this share of the limit is worth a warning.
+const SHARED_WARN_PERCENT: u64 = 25;
+static SHARED_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Says once per process, when its shared memory passes a quarter of the
+/// limit, that it is outside the limit: the program runs, but uses more
+/// memory than the user asked for (the JVM's ZGC keeps its heap in a
+/// memfd: `java -XX:+UseZGC` under `--limit 300M` held ~800 MiB of it).
+fn warn_shared_once(shmem: u64, limit: usize) {
+    if shmem * 100 > limit as u64 * SHARED_WARN_PERCENT && !SHARED_WARNED.swap(true, Ordering::Relaxed) {
+        log::warn!(
+            "{} MiB of this process's resident memory is shared memory (a memfd, /dev/shm or a shared \
+             mapping, counted once a mapping; the JVM's ZGC heap is one), which zmem does not manage: \
+             it is outside the {} MiB limit",
+            shmem >> 20,
+            limit >> 20
+        );
+    }
+}
+
 pub(crate) fn stats_json(s: &Shim) -> String {
+    stats_json_with(s, ProcMem::now())
+}
+
+fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
     let p = s.pager.stats();
     let t = s.pager.tier().stats();
     let tier: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap_or(serde_json::Value::Null);
     // The footprint as the OS sees it: RSS (the program's pages, the pool,
-    // zmem's metadata) plus the swap file's pages in the page cache.
-    let rss = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/statm".as_ref())
-        .ok()
-        .and_then(|t| t.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        .map_or(0, |pages| pages * PAGE as u64);
+    // zmem's metadata) plus the swap file's pages in the page cache. Shared
+    // memory is in RSS too, and on its own line: it is not managed.
+    let rss = mem.rss;
     let cached = s.pager.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
     // The process tree that shares the limit: its usage and each process's.
     let tree = s.pager.tree().map_or(serde_json::Value::Null, |t| {
@@ -169,6 +214,7 @@ pub(crate) fn stats_json(s: &Shim) -> String {
         "pid": std::process::id(),
         "footprint": {
             "rss_bytes": rss,
+            "shmem_bytes": mem.shmem,
             "swap_page_cache_bytes": cached,
             "footprint_bytes": rss + cached,
             "limit": s.settings.limit,

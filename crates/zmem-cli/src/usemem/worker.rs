@@ -45,7 +45,7 @@ pub struct WorkerReport {
 /// This process's peak RSS, from `VmHWM` in /proc/self/status.
 fn peak_rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    crate::compare::kb_field(&s, "VmHWM:").unwrap_or(0)
+    zmem_common::kb_field(&s, "VmHWM:").unwrap_or(0)
 }
 
 /// The worker's side: `zmem usemem-worker`.
