@@ -1741,6 +1741,7 @@ print("ok", st["pager"]["limit_soft_events"], st["pager"]["eviction_rejects"])
 /// footprint, with the machine left as it was.
 #[test]
 fn compare_runs_a_program_four_ways_and_restores_the_machine() {
+    let _one = kernel_runs();
     let zswap_before = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok();
     let page_cluster_before = std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap();
     let swap = tmpdir("compare-swap");
@@ -1791,12 +1792,22 @@ fn compare_runs_a_program_four_ways_and_restores_the_machine() {
     assert_eq!(std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap(), page_cluster_before);
 }
 
+/// This binary's tests that make kernel runs, one at a time: each reads
+/// the machine's settings before its run to check that they are restored,
+/// and another's run in between has them changed. (`zmem` itself runs one
+/// kernel run at a time per machine, under a lock of its own.)
+fn kernel_runs() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A kernel run that the OOM killer ended fails in `zmem compare`, even
 /// when the program is a script that exits 0 after its child was killed:
 /// memory the program locks cannot be swapped, so the cgroup's limit kills
 /// it. zmem keeps it in memory over the limit (the limit turns soft).
 #[test]
 fn compare_fails_a_kernel_run_the_oom_killer_ended_whatever_the_exit_status() {
+    let _one = kernel_runs();
     let swap = tmpdir("compare-oom-swap");
     let py = "import ctypes; assert ctypes.CDLL(None).mlockall(3) == 0; b = bytearray(64 << 20); print('held')";
     let script = format!("python3 -c \"{py}\"; true");

@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 pub(crate) const ZSWAP: &str = "/sys/module/zswap/parameters";
 pub(crate) const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
 pub(crate) const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
+/// Held (`flock`) by the one kernel run at a time on this machine.
+const LOCK: &str = "/run/zmem-kernel-run.lock";
 
 /// The machine changes a kernel run makes, undone on drop in reverse order.
 #[derive(Debug, Default)]
@@ -22,6 +24,9 @@ pub(crate) struct KernelSetup {
     pub(crate) saved: Vec<(String, String)>,
     pub(crate) cgroup: Option<PathBuf>,
     pub(crate) mounted_debugfs: bool,
+    /// The machine's kernel-run lock ([`KernelSetup::lock`]), let go after
+    /// `drop` has restored everything (fields drop after it).
+    lock: Option<std::fs::File>,
 }
 
 pub(crate) fn write_param(path: &str, v: &str) -> Result<()> {
@@ -48,6 +53,7 @@ impl KernelSetup {
             bail!("this kernel has no zswap ({ZSWAP} is missing)");
         }
         let mut k = KernelSetup::default();
+        k.lock = Some(Self::lock()?);
         // Save every zswap parameter before touching one.
         for name in ["enabled", "compressor", "max_pool_percent", "accept_threshold_percent", "shrinker_enabled"] {
             let p = format!("{ZSWAP}/{name}");
@@ -84,6 +90,26 @@ impl KernelSetup {
         k.cgroup = Some(cg.clone());
         std::fs::write(cg.join("memory.limit_in_bytes"), limit.to_string()).context("set memory.limit_in_bytes")?;
         Ok(k)
+    }
+
+    /// Takes the machine's kernel-run lock, waiting for a run that holds
+    /// it. Two runs at once (two `zmem compare`s, or one beside `zmem
+    /// usemem`) each saved zswap's parameters as the other had set them,
+    /// and the last to finish set them back to the other's: `enabled` stayed
+    /// `Y` (two of `zmem run`'s tests ran side by side and caught it).
+    fn lock() -> Result<std::fs::File> {
+        use rustix::fs::{flock, FlockOperation};
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK)
+            .with_context(|| format!("open {LOCK}"))?;
+        if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+            eprintln!("zmem: another kernel run (zmem usemem or compare) holds {LOCK}; waiting for it to end");
+            flock(&f, FlockOperation::LockExclusive).with_context(|| format!("lock {LOCK}"))?;
+        }
+        Ok(f)
     }
 
     /// Sets `vm.page-cluster` (swap read-ahead: 2^n pages a fault) until
@@ -177,4 +203,27 @@ pub(crate) fn debugfs_zswap(name: &str) -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KernelSetup;
+    use std::time::{Duration, Instant};
+
+    /// A second kernel run waits for the first to let go of the machine
+    /// (needs root, as kernel runs do: the lock is in /run).
+    #[test]
+    fn a_second_kernel_run_waits_for_the_first() {
+        let first = KernelSetup::lock().expect("the lock (run as root)");
+        let t = Instant::now();
+        let second = std::thread::spawn(move || {
+            let l = KernelSetup::lock();
+            (l.is_ok(), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!second.is_finished(), "the second run took the lock while the first held it");
+        drop(first);
+        let (ok, waited) = second.join().unwrap();
+        assert!(ok && waited >= Duration::from_millis(300), "{waited:?}");
+    }
 }
