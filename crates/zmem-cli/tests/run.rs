@@ -745,6 +745,26 @@ fn a_statically_linked_program_runs_with_a_warning_that_it_is_not_managed() {
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stderr).contains("statically"), "{}", text(&o));
 }
 
+/// Under `ulimit -v` the program runs and is managed: zmem's heap holds
+/// little address space (it reserved 128 GiB up front, so the shim's first
+/// allocation under `ulimit -v 8000000` aborted every program, and a bash
+/// script that ran `ulimit -v 4000000` failed its next allocation).
+#[test]
+fn a_limited_address_space_is_enough_for_the_program_and_zmem() {
+    // bash lowers its own limit, then keeps allocating.
+    let script = "ulimit -v 4000000; x=$(seq 1 200000); a=($x); y=; for i in $(seq 1 3000); do y=$y$i; done; \
+                  echo ${#x} ${#a[@]} ${#y}";
+    let o = zmem(&["run", "--limit", "32M", "--", "bash", "-c", script], &[], 120);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1288894 200000 10893"), "{}", text(&o));
+    // Python under 400 MB of address space, 96 MiB of it its own data.
+    let py = "import os\n\
+              b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+              print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b))\n";
+    let shell = format!("ulimit -v 400000 && exec python3 -c \"{py}\"");
+    run_managed("ulimit-v", "32M", &["sh", "-c", &shell], "ok True", 120);
+}
+
 /// Shared memory (a memfd: the JVM's ZGC keeps its heap in one) is never
 /// managed: UFFDIO_MOVE takes private anonymous pages only. It is outside
 /// the limit, so the stats show it and the process says so once, while its

@@ -10,7 +10,7 @@
 //! stack can be seen by a scan: see [`spawn_lock`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::{LockExt, RwLockExt};
@@ -35,14 +35,60 @@ pub enum Kind {
 
 static RANGES: Mutex<BTreeMap<u64, (u64, Kind)>> = Mutex::new(BTreeMap::new());
 static SPAWN: RwLock<()> = RwLock::new(());
-/// The shim's heap reservation (set once, without allocating: the heap
-/// itself calls it).
-static HEAP: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// Most arenas of the shim's heap, of all its parts and generations.
+pub const MAX_HEAP_ARENAS: usize = 256;
 
-/// Records zmem's heap reservation, `[start, start + len)`. Allocates nothing.
-pub fn set_heap(start: u64, len: usize) {
-    HEAP[1].store(start + len as u64, Ordering::Relaxed);
-    HEAP[0].store(start, Ordering::Release);
+/// One arena of the shim's heap: `[start, end)`, and its heap's tag.
+struct HeapArena {
+    /// 0 until the entry is filled; stored last.
+    start: AtomicU64,
+    end: AtomicU64,
+    tag: AtomicU64,
+}
+
+/// The shim's heap arenas (appended without allocating: the heap itself
+/// calls [`add_heap`]), entries claimed by `HEAP_CLAIMED`, and bounds over
+/// all of them, so that most addresses are told apart at once.
+static HEAP: [HeapArena; MAX_HEAP_ARENAS] =
+    [const { HeapArena { start: AtomicU64::new(0), end: AtomicU64::new(0), tag: AtomicU64::new(0) } }; MAX_HEAP_ARENAS];
+static HEAP_CLAIMED: AtomicUsize = AtomicUsize::new(0);
+static HEAP_BOUNDS: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(0)];
+
+/// Records `[start, start + len)` as an arena of the shim's heap whose
+/// blocks are `tag`'s; false when the table is full. Allocates nothing.
+/// Call it before the arena is accessible, and before any of its blocks is
+/// handed out: [`heap_tag`] must find every block.
+pub fn add_heap(start: u64, len: usize, tag: u64) -> bool {
+    let i = HEAP_CLAIMED.fetch_add(1, Ordering::AcqRel);
+    if i >= MAX_HEAP_ARENAS || start == 0 {
+        return false;
+    }
+    let end = start + len as u64;
+    // The bounds first: a reader that finds the entry finds it within them.
+    HEAP_BOUNDS[0].fetch_min(start, Ordering::AcqRel);
+    HEAP_BOUNDS[1].fetch_max(end, Ordering::AcqRel);
+    let e = &HEAP[i];
+    e.tag.store(tag, Ordering::Relaxed);
+    e.end.store(end, Ordering::Relaxed);
+    e.start.store(start, Ordering::Release);
+    true
+}
+
+/// The tag of the heap arena that holds `addr`, if one does.
+pub fn heap_tag(addr: u64) -> Option<u64> {
+    if addr < HEAP_BOUNDS[0].load(Ordering::Acquire) || addr >= HEAP_BOUNDS[1].load(Ordering::Acquire) {
+        return None;
+    }
+    heap_arenas().find(|&(s, e, _)| s <= addr && addr < e).map(|(_, _, t)| t)
+}
+
+/// The heap arenas recorded so far: (start, end, tag).
+fn heap_arenas() -> impl Iterator<Item = (u64, u64, u64)> {
+    let n = HEAP_CLAIMED.load(Ordering::Acquire).min(MAX_HEAP_ARENAS);
+    HEAP[..n].iter().filter_map(|e| {
+        let s = e.start.load(Ordering::Acquire);
+        (s != 0).then(|| (s, e.end.load(Ordering::Relaxed), e.tag.load(Ordering::Relaxed)))
+    })
 }
 
 /// Records `[start, start + len)` as `kind` (a range already there is
@@ -89,10 +135,7 @@ pub fn try_overlapping(start: u64, end: u64) -> Option<Vec<(u64, u64, Kind)>> {
 
 fn overlapping_in(ranges: &BTreeMap<u64, (u64, Kind)>, start: u64, end: u64) -> Vec<(u64, u64, Kind)> {
     let mut out = Vec::new();
-    let (hs, he) = (HEAP[0].load(Ordering::Acquire), HEAP[1].load(Ordering::Relaxed));
-    if hs != 0 && hs < end && start < he {
-        out.push((hs, he, Kind::Zmem));
-    }
+    out.extend(heap_arenas().filter(|&(s, e, _)| s < end && start < e).map(|(s, e, _)| (s, e, Kind::Zmem)));
     // A range that starts before `start` may still reach into it.
     if let Some((&s, &(e, k))) = ranges.range(..start).next_back() {
         if e > start {
@@ -152,6 +195,21 @@ mod tests {
         assert_eq!(overlapping(base + 0x4000, base + 0x5000), vec![]);
         remove(base);
         remove(base + 0x8000);
+    }
+
+    #[test]
+    fn heap_arenas_are_found_by_address_and_overlap() {
+        let base = 0x7720_0000_0000u64;
+        assert!(add_heap(base, 0x4000, 0));
+        assert!(add_heap(base + 0x10000, 0x2000, 3));
+        assert_eq!(heap_tag(base + 0x3fff), Some(0));
+        assert_eq!(heap_tag(base + 0x4000), None);
+        assert_eq!(heap_tag(base + 0x11000), Some(3));
+        assert_eq!(heap_tag(base - 1), None);
+        assert_eq!(
+            overlapping(base + 0x3000, base + 0x10001),
+            vec![(base, base + 0x4000, Kind::Zmem), (base + 0x10000, base + 0x12000, Kind::Zmem)]
+        );
     }
 
     #[test]

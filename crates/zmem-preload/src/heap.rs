@@ -5,9 +5,14 @@
 //! `zmem_uffd`'s adoption), so zmem's heap cannot be glibc's: a glibc arena
 //! holding a handler thread's data could be adopted and evicted, and the
 //! handler would then fault on memory only it can serve. This heap is
-//! dlmalloc over one reservation (`RESERVE` bytes of address space,
-//! `PROT_NONE`, committed with `mprotect` as it grows, never given back),
-//! which the scan knows as zmem's (`zmem_common::owned::set_heap`).
+//! dlmalloc over arenas of its own (`PROT_NONE` mappings, recorded as
+//! zmem's, `zmem_common::owned::add_heap`, before they are committed with
+//! `mprotect` as the heap grows; never given back), each as large as all
+//! before it, so the address space the heap holds stays within twice what
+//! it uses. (One 128 GiB reservation, made up front, counted against
+//! `ulimit -v`: under `ulimit -v 8000000` the shim's first allocation
+//! aborted every program, and a bash script that ran `ulimit -v 4000000`
+//! failed its next allocation.) A block's heap is told by its arena.
 //!
 //! One lock guards it. The prepare step of fork takes it and both
 //! after-fork steps let go ([`fork_lock`], [`fork_unlock`]), so a forked
@@ -23,67 +28,97 @@
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use dlmalloc::Dlmalloc;
 use zmem_common::LockExt;
 
-/// The main heap's share of the reservation: 64 GiB, no memory until used.
-const MAIN: usize = 64 << 30;
-/// Each generation of the side heap gets a slice this large after it.
-const SIDE_SLICE: usize = 8 << 30;
-/// Side-heap generations before the slices are used again.
-const SIDE_SLICES: usize = 8;
-/// Address space reserved for both heaps.
-const RESERVE: usize = MAIN + SIDE_SLICE * SIDE_SLICES;
 /// Commit in steps of this much.
 const STEP: usize = 2 << 20;
+/// The main heap's first arena; each next one is as large as all before it.
+const FIRST_MAIN: usize = 16 << 20;
+/// A side heap's first arena, and its next ones likewise.
+const FIRST_SIDE: usize = 4 << 20;
 
-static BASE: AtomicUsize = AtomicUsize::new(0);
-/// Bytes committed: of the main heap, of the side heap's current slice.
-static TOP: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
-/// The side heap's current slice (a forked child moves to the next one).
-static SIDE_GEN: AtomicUsize = AtomicUsize::new(0);
+/// This generation of the side heap (a forked child starts the next one).
+/// Its arenas are tagged `SIDE_GEN + 1` (`zmem_common::owned::heap_tag`);
+/// the main heap's, 0; those of an ancestor's side heap, anything else.
+static SIDE_GEN: AtomicU64 = AtomicU64::new(0);
 
-/// Hands dlmalloc committed pieces of the reservation, in address order:
-/// of the main heap (`Reserve(0)`) or of the side heap's current slice
-/// (`Reserve(1)`).
+/// Each heap's current arena: where it starts, what is committed up to and
+/// where it ends (0s before the first), and the bytes of all its arenas.
+/// Written under that heap's lock only.
+static ARENA: [[AtomicUsize; 4]; 2] = [const { [const { AtomicUsize::new(0) }; 4] }; 2];
+const START: usize = 0;
+const TOP: usize = 1;
+const END: usize = 2;
+const MAPPED: usize = 3;
+
+/// Hands dlmalloc committed pieces of the main heap's arenas (`Reserve(0)`)
+/// or of the side heap's (`Reserve(1)`).
 struct Reserve(usize);
 
 impl Reserve {
-    /// The first address and the size of this heap's space.
-    fn space(&self, base: usize) -> (usize, usize) {
+    fn tag(&self) -> u64 {
         match self.0 {
-            0 => (base, MAIN),
-            _ => (base + MAIN + SIDE_GEN.load(Ordering::Relaxed) * SIDE_SLICE, SIDE_SLICE),
+            0 => 0,
+            _ => SIDE_GEN.load(Ordering::Relaxed) + 1,
         }
     }
 }
 
+/// Maps a fresh arena of `len` bytes, `PROT_NONE`, recorded as the shim's
+/// heap (tagged `tag`) before it can be made accessible; `None` if the
+/// kernel refuses it (`ulimit -v`) or the table of arenas is full.
+fn map_arena(len: usize, tag: u64) -> Option<usize> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a fresh PROT_NONE mapping at an address the kernel picks
+    // aliases nothing.
+    let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, len, libc::PROT_NONE, flags, -1, 0usize) };
+    if p < 0 {
+        return None;
+    }
+    if !zmem_common::owned::add_heap(p as u64, len, tag) {
+        // SAFETY: p is the mapping just made, which nothing uses.
+        unsafe { libc::syscall(libc::SYS_munmap, p, len) };
+        return None;
+    }
+    Some(p as usize)
+}
+
 // SAFETY: alloc returns fresh, committed, zeroed, page-aligned memory from
-// this heap's space, which nothing else uses, or null; nothing is ever
-// freed (free and free_part say so), so no segment is handed out twice. A
-// side slice used again (after SIDE_SLICES forks in a line) is zeroed
-// first (`fork_child_side_heap`).
+// this heap's arenas, which nothing else uses, or null; nothing is ever
+// freed (free and free_part say so), so no segment is handed out twice.
+// Each arena is recorded (with this heap's tag) before any of it is handed
+// out, so every block is told by its address (`owner`).
 unsafe impl dlmalloc::Allocator for Reserve {
     fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
-        let Some(base) = reserve() else { return (std::ptr::null_mut(), 0, 0) };
-        let (start, room) = self.space(base);
+        let a = &ARENA[self.0];
         let size = size.div_ceil(STEP) * STEP;
-        // Called under this heap's lock: TOP has one writer at a time.
-        let top = TOP[self.0].load(Ordering::Relaxed);
-        if top + size > room {
-            return (std::ptr::null_mut(), 0, 0);
+        // Called under this heap's lock: one writer at a time.
+        let (mut top, mut end) = (a[TOP].load(Ordering::Relaxed), a[END].load(Ordering::Relaxed));
+        if a[START].load(Ordering::Relaxed) == 0 || top + size > end {
+            // A new arena, as large as all before it (at least the first's
+            // size and this request): the address space held stays within
+            // twice what is committed, and the arenas few.
+            let first = if self.0 == 0 { FIRST_MAIN } else { FIRST_SIDE };
+            let mapped = a[MAPPED].load(Ordering::Relaxed);
+            let len = size.max(mapped).max(first).div_ceil(STEP) * STEP;
+            let Some(p) = map_arena(len, self.tag()) else { return (std::ptr::null_mut(), 0, 0) };
+            (top, end) = (p, p + len);
+            a[START].store(p, Ordering::Relaxed);
+            a[END].store(end, Ordering::Relaxed);
+            a[MAPPED].store(mapped + len, Ordering::Relaxed);
         }
-        // SAFETY: [start + top, start + top + size) lies in our reservation,
+        // SAFETY: [top, top + size) lies in this heap's current arena,
         // unused so far; mprotect only makes it accessible.
-        let r = unsafe { libc::syscall(libc::SYS_mprotect, start + top, size, libc::PROT_READ | libc::PROT_WRITE) };
+        let r = unsafe { libc::syscall(libc::SYS_mprotect, top, size, libc::PROT_READ | libc::PROT_WRITE) };
         if r != 0 {
             return (std::ptr::null_mut(), 0, 0);
         }
-        TOP[self.0].store(top + size, Ordering::Relaxed);
-        ((start + top) as *mut u8, size, 0)
+        a[TOP].store(top + size, Ordering::Relaxed);
+        (top as *mut u8, size, 0)
     }
 
     fn remap(&self, _: *mut u8, _: usize, _: usize, _: bool) -> *mut u8 {
@@ -111,31 +146,6 @@ unsafe impl dlmalloc::Allocator for Reserve {
     }
 }
 
-/// The reservation's base, made on first use.
-fn reserve() -> Option<usize> {
-    let b = BASE.load(Ordering::Acquire);
-    if b != 0 {
-        return Some(b);
-    }
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-    // SAFETY: a fresh PROT_NONE mapping at an address the kernel picks
-    // aliases nothing.
-    let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, RESERVE, libc::PROT_NONE, flags, -1, 0usize) };
-    if p < 0 {
-        return None;
-    }
-    let p = p as usize;
-    // Both heaps may get here at once (each under its own lock): one
-    // reservation wins, the other is given back.
-    if let Err(won) = BASE.compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: p is the mapping just made, which nothing uses.
-        unsafe { libc::syscall(libc::SYS_munmap, p, RESERVE) };
-        return Some(won);
-    }
-    zmem_common::owned::set_heap(p as u64, RESERVE);
-    Some(p)
-}
-
 static HEAP: Mutex<Dlmalloc<Reserve>> = Mutex::new(Dlmalloc::new_with_allocator(Reserve(0)));
 
 /// The side heap: the pager's handler thread allocates here, so that it
@@ -148,8 +158,9 @@ static HEAP: Mutex<Dlmalloc<Reserve>> = Mutex::new(Dlmalloc::new_with_allocator(
 ///
 /// Its lock is a flag, not a `Mutex`: a forked child may find it held by
 /// the parent's handler, which it does not have, and starts a fresh side
-/// heap in the next slice (`fork_child_side_heap`); what the parent's
-/// side heap held is left where it is, never freed or reused.
+/// heap, the next generation, in arenas of its own
+/// (`fork_child_side_heap`); what the parent's side heap held is left
+/// where it is, never freed or reused.
 struct SideHeap {
     locked: AtomicBool,
     dl: UnsafeCell<Dlmalloc<Reserve>>,
@@ -208,16 +219,11 @@ enum Owner {
 }
 
 fn owner(p: *const c_void) -> Owner {
-    let b = BASE.load(Ordering::Acquire);
-    let a = p as usize;
-    if b == 0 || !(b..b + RESERVE).contains(&a) {
-        Owner::None
-    } else if a < b + MAIN {
-        Owner::Main
-    } else if (a - b - MAIN) / SIDE_SLICE == SIDE_GEN.load(Ordering::Relaxed) {
-        Owner::Side
-    } else {
-        Owner::Abandoned
+    match zmem_common::owned::heap_tag(p as u64) {
+        None => Owner::None,
+        Some(0) => Owner::Main,
+        Some(t) if t == SIDE_GEN.load(Ordering::Relaxed) + 1 => Owner::Side,
+        Some(_) => Owner::Abandoned,
     }
 }
 
@@ -313,26 +319,19 @@ unsafe fn free_main(p: *mut u8) {
 }
 
 /// In a forked child, before any thread starts: the side heap starts
-/// afresh in the next slice. The parent's handler may have held its lock
+/// afresh, the next generation, in new arenas. The parent's handler may have held its lock
 /// at fork, mid-allocation; its blocks stay where they are, abandoned.
 ///
 /// # Safety
 /// The calling thread is the process's only one.
 pub(crate) unsafe fn fork_child_side_heap() {
-    let g = (SIDE_GEN.load(Ordering::Relaxed) + 1) % SIDE_SLICES;
-    let base = BASE.load(Ordering::Acquire);
-    if base != 0 {
-        // A slice used by an ancestor (after SIDE_SLICES forks in a line)
-        // holds its bytes: zeroed, as dlmalloc takes fresh memory to be.
-        // SAFETY: the slice lies in our reservation, and nothing alive in
-        // this process points into it (its blocks were an ancestor's).
-        unsafe { libc::syscall(libc::SYS_madvise, base + MAIN + g * SIDE_SLICE, SIDE_SLICE, libc::MADV_DONTNEED) };
+    SIDE_GEN.fetch_add(1, Ordering::Relaxed);
+    for w in &ARENA[1] {
+        w.store(0, Ordering::Relaxed);
     }
-    SIDE_GEN.store(g, Ordering::Relaxed);
-    TOP[1].store(0, Ordering::Relaxed);
     // SAFETY: the only thread (the caller's contract), so no reference to
     // `dl` exists; the old state is forgotten, not dropped (it owns
-    // nothing but its slice's bytes).
+    // nothing but its arenas' bytes, which stay mapped).
     unsafe { SIDE.dl.get().write(Dlmalloc::new_with_allocator(Reserve(1))) };
     SIDE.locked.store(false, Ordering::Release);
 }
