@@ -765,6 +765,23 @@ fn a_limited_address_space_is_enough_for_the_program_and_zmem() {
     run_managed("ulimit-v", "32M", &["sh", "-c", &shell], "ok True", 120);
 }
 
+/// Under Valgrind (its synthetic CPU runs one thread at a time, so a
+/// thread that touched an evicted page would hold up the handler that it
+/// waits for: it hung) the shim stays off, says so, and the program runs.
+#[test]
+fn a_program_under_valgrind_runs_unmanaged_with_a_warning() {
+    let exe = compile_alloc();
+    let o = zmem(
+        &["run", "--limit", "32M", "--", "valgrind", "-q", "--error-exitcode=9", exe.to_str().unwrap(), "48"],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("48 MiB checked, 0 bad words"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("runs under Valgrind").count(), 1, "{}", text(&o));
+}
+
 /// Shared memory (a memfd: the JVM's ZGC keeps its heap in one) is never
 /// managed: UFFDIO_MOVE takes private anonymous pages only. It is outside
 /// the limit, so the stats show it and the process says so once, while its

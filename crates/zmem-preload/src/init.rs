@@ -8,6 +8,7 @@ use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 use zmem_common::RwLockExt;
 
 use zmem_settings::Settings;
+use zmem_uffd::tree::Warning;
 use zmem_uffd::{Pager, Region};
 
 use crate::guard::{guarded, in_zmem, mark_internal_thread};
@@ -203,6 +204,18 @@ fn init() -> Option<Shim> {
             return None;
         }
     };
+    if running_on_valgrind() {
+        warn_unmanaged(
+            &settings,
+            Warning::OnValgrind,
+            format_args!(
+                "{} runs under Valgrind, which runs a program's threads one at a time: a thread that \
+                 touched an evicted page would hold up zmem's handler thread, which it waits for",
+                program()
+            ),
+        );
+        return None;
+    }
     let s = start(settings, None)?;
     // SAFETY: registers plain functions with no arguments. Each runs
     // guarded; the child step starts this process's own pager, with glibc's
@@ -217,6 +230,59 @@ fn init() -> Option<Shim> {
         log::warn!("atexit failed; the stats file stays after the exit (the next start sweeps it)");
     }
     Some(s)
+}
+
+/// Says why this process runs unmanaged, once per tree: every process of
+/// the tree that cannot start a pager (a pyenv shim's 35 bash processes
+/// under `ulimit -v`) has the same reason.
+fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>) {
+    let first = match settings.tree.as_deref().map(zmem_uffd::tree::Tree::open) {
+        Some(Ok(t)) => t.first_warning(w),
+        _ => true,
+    };
+    if first {
+        log::warn!("{why}. It runs unmanaged (no limit), as will any other process of the tree for this reason");
+    }
+}
+
+/// This process, for a message: the name the kernel keeps
+/// (`/proc/self/comm`) and its pid.
+fn program() -> String {
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    format!("{} (pid {})", comm.trim_end(), std::process::id())
+}
+
+/// Whether this process runs on Valgrind's synthetic CPU: its
+/// `RUNNING_ON_VALGRIND` client request, a sequence of rotations that
+/// leaves every register as it was on a real CPU (rdx keeps the default,
+/// 0), and that Valgrind answers in rdx.
+fn running_on_valgrind() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const VG_USERREQ_RUNNING_ON_VALGRIND: u64 = 0x1001;
+        let args: [u64; 6] = [VG_USERREQ_RUNNING_ON_VALGRIND, 0, 0, 0, 0, 0];
+        let answer: u64;
+        // SAFETY: four rotations of rdi by 128 bits in all, then an exchange
+        // of rbx with itself: no register or memory changes on a real CPU.
+        // Valgrind reads the request from `args` (live across the asm) and
+        // writes its answer to rdx only.
+        unsafe {
+            std::arch::asm!(
+                "rol rdi, 3",
+                "rol rdi, 13",
+                "rol rdi, 61",
+                "rol rdi, 51",
+                "xchg rbx, rbx",
+                in("rax") args.as_ptr(),
+                inout("rdx") 0u64 => answer,
+                inout("rdi") 0u64 => _,
+                options(nostack, readonly),
+            );
+        }
+        answer != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// A pager under `settings`, and the thread that writes its stats file.

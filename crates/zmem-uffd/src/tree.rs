@@ -48,8 +48,9 @@ struct Header {
     peak: AtomicU64,
     /// One past the highest slot ever claimed: readers stop there.
     high_slot: AtomicU32,
-    /// Set by the first process that warned its limit turned soft.
-    soft_warned: AtomicU32,
+    /// The warnings given so far, one bit each ([`Warning`]): each is given
+    /// by the tree's first process that has it to give.
+    warned: AtomicU32,
 }
 
 #[repr(C, align(64))]
@@ -66,6 +67,15 @@ struct Slot {
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
+
+/// A warning given once per tree ([`Tree::first_warning`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning {
+    /// The limit turned soft: a process's share is at its floor.
+    SoftLimit = 0,
+    /// A process runs unmanaged: it runs under Valgrind.
+    OnValgrind = 1,
+}
 
 /// A mapped segment.
 #[derive(Debug)]
@@ -250,12 +260,14 @@ impl Tree {
         self.header().limit.load(Ordering::Relaxed) as usize
     }
 
-    /// Whether the caller is the tree's first process to warn that its limit
-    /// turned soft (and the last: this says yes once per tree). Forty
+    /// Whether the caller is the tree's first process to give warning `w`
+    /// (and the last: this says yes once per tree and warning). Forty
     /// children of a forking server, each squeezed to a small share, each
-    /// printed the same warning.
-    pub fn first_soft_warning(&self) -> bool {
-        self.header().soft_warned.swap(1, Ordering::Relaxed) == 0
+    /// printed the same warning; 35 bash processes of pyenv's shims each
+    /// said that they ran unmanaged.
+    pub fn first_warning(&self, w: Warning) -> bool {
+        let bit = 1 << w as u32;
+        self.header().warned.fetch_or(bit, Ordering::Relaxed) & bit == 0
     }
 
     /// The peak of the tree's summed usage so far.

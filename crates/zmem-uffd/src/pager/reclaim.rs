@@ -155,8 +155,11 @@ impl Inner {
                                 warned = !floor;
                                 // Once per tree: its other processes would
                                 // say the same (`ZMEM_LOG=info` shows them).
-                                let first =
-                                    !floor && self.member.as_ref().is_none_or(|m| m.tree().first_soft_warning());
+                                let first = !floor
+                                    && self
+                                        .member
+                                        .as_ref()
+                                        .is_none_or(|m| m.tree().first_warning(crate::tree::Warning::SoftLimit));
                                 let level = if first { log::Level::Warn } else { log::Level::Info };
                                 log::log!(
                                     level,
