@@ -765,6 +765,40 @@ fn a_limited_address_space_is_enough_for_the_program_and_zmem() {
     run_managed("ulimit-v", "32M", &["sh", "-c", &shell], "ok True", 120);
 }
 
+/// `unshare(CLONE_NEWUSER)` needs a process with one thread, and zmem's
+/// made every managed process one (EINVAL: `unshare -r` and bubblewrap
+/// failed). Python holds 96 MiB under 32M, most of it evicted, enters a new
+/// user namespace through libc's `unshare` (the shim's), reads it all back
+/// and writes 96 MiB more, which a new pager evicts; `unshare -r` runs a
+/// managed program in one.
+#[test]
+fn a_process_enters_a_user_namespace_and_stays_managed() {
+    let stats = tmpdir("userns-stats");
+    let script = "import ctypes, os, time\n\
+                  b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  libc = ctypes.CDLL(None, use_errno=True)\n\
+                  r = libc.unshare(0x10000000)\n\
+                  print('unshare', r, ctypes.get_errno(), 'at', time.time_ns() // 1000000, flush=True)\n\
+                  c = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b + c))\n";
+    let o = zmem(
+        &["run", "--limit", "32M", "--", "python3", "-c", script],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        120,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("unshare 0 0") && out.contains("ok True"), "{}", text(&o));
+    // Written after the unshare, the stats file is the new pager's (the
+    // old one's stats thread was joined before): its counters start at 0.
+    let at: u64 = out.split(" at ").nth(1).and_then(|t| t.split_whitespace().next()?.parse().ok()).unwrap_or(u64::MAX);
+    let evicted = stats_max(&stats, |v| {
+        (v["updated_unix_ms"].as_u64()? > at).then(|| v["pager"]["evicted_folios"].as_u64()).flatten()
+    });
+    assert!(evicted > 500, "{evicted} folios evicted after the unshare; {}", text(&o));
+    run_managed("unshare-r", "32M", &["unshare", "-r", "python3", "-c", script], "ok True", 120);
+}
+
 /// Under Valgrind (its synthetic CPU runs one thread at a time, so a
 /// thread that touched an evicted page would hold up the handler that it
 /// waits for: it hung) the shim stays off, says so, and the program runs.

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
 use zmem_common::RwLockExt;
 
@@ -12,7 +12,6 @@ use zmem_uffd::tree::Warning;
 use zmem_uffd::{Pager, Region};
 
 use crate::guard::{guarded, in_zmem, mark_internal_thread};
-use crate::stats::stats_main;
 
 /// A managed mapping.
 pub(crate) struct Managed {
@@ -72,7 +71,12 @@ pub(crate) fn current() -> Option<&'static Shim> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
+/// The process whose shim `CURRENT` is: a vfork child shares the memory
+/// (and `CURRENT`) of its parent, not its threads.
+static SHIM_PID: AtomicU32 = AtomicU32::new(0);
+
 fn install(s: Shim) {
+    SHIM_PID.store(std::process::id(), Ordering::Relaxed);
     CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
 }
 
@@ -289,10 +293,14 @@ fn running_on_valgrind() -> bool {
 /// In a forked child with the parent's hand-over `link`, the pager takes
 /// this process's userfaultfd and evicted pages over from the parent.
 fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
-    let mut cfg = settings.pager_config();
-    cfg.thread_init = Some(mark_internal_thread);
-    cfg.handler_init = Some(crate::heap::use_side_heap);
-    cfg.keep_on_fork = true;
+    let config = |settings: &Settings| {
+        let mut cfg = settings.pager_config();
+        cfg.thread_init = Some(mark_internal_thread);
+        cfg.handler_init = Some(crate::heap::use_side_heap);
+        cfg.keep_on_fork = true;
+        cfg
+    };
+    let mut cfg = config(&settings);
     let new = |cfg: zmem_uffd::PagerConfig| match link {
         Some(link) => match Pager::from_parent(cfg.clone(), link) {
             // Nothing was handed over (the parent had nothing registered, or
@@ -310,7 +318,8 @@ fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim>
         // keeps the limit to itself.
         Err(zmem_uffd::PagerError::Tree(e)) => {
             log::warn!("{e}; this process takes the whole limit");
-            Pager::new(zmem_uffd::PagerConfig { tree: None, ..cfg })
+            cfg.tree = None;
+            Pager::new(cfg.clone())
         }
         r => r,
     };
@@ -321,16 +330,85 @@ fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim>
             return None;
         }
     };
-    let stats_dir = settings.stats_dir.clone();
-    let interval = settings.stats_interval;
-    let spawned = zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
-        mark_internal_thread();
-        stats_main(stats_dir.as_deref(), interval);
-    });
-    if let Err(e) = spawned {
+    if let Err(e) = crate::stats::start_thread(settings.stats_dir.clone(), settings.stats_interval) {
         log::warn!("no stats thread: {e}");
     }
     Some(Shim { pager, settings })
+}
+
+/// Runs `f` (`unshare(CLONE_NEWUSER)`, `setns` into a user namespace) with
+/// no thread of zmem's in the process: the kernel refuses those to a
+/// process with more than one thread (EINVAL), and the pager's threads
+/// made every managed process one, so `unshare -r` and bubblewrap failed
+/// under `zmem run`. The pager lets go of the memory (`Pager::let_go`:
+/// loaded back, unregistered; zmem's mappings become plain memory of the
+/// program, as at fork in a child), its threads and the stats thread are
+/// joined, and once `f` has run a new pager adopts it all again. A process
+/// with threads of its own is left as it is: there `f` fails as it would
+/// without zmem.
+pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
+    // Not in a vfork child: the pager is its parent's, and nothing may
+    // allocate there.
+    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
+        return f();
+    }
+    let Some(old) = current().filter(|_| !others_than_zmem()) else { return f() };
+    let inherited = guarded(|| {
+        zmem_uffd::unhold_current_thread();
+        let mut table = REGIONS.write_ok();
+        // From here this process has no shim: nothing new is managed.
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+        crate::stats::stop_thread();
+        // SAFETY: the old shim is leaked (CURRENT no longer points to it)
+        // and its regions are forgotten below; its pager is the process's
+        // only one.
+        unsafe { old.pager.let_go() };
+        let mut inherited = Vec::new();
+        for (&start, m) in table.iter_mut() {
+            if let Some(r) = m.region.take() {
+                // Given back, plain memory now: a region's drop would
+                // unmap it through the pager let go of.
+                std::mem::forget(r);
+                zmem_common::owned::remove(start as u64);
+                inherited.push((start, m.cap));
+            }
+        }
+        inherited
+    })
+    .unwrap_or_default();
+    // The io_uring workers of the swap file the pager closed end on their own.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while threads() > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let r = f();
+    let _ = guarded(|| {
+        let Some(s) = start(old.settings.clone(), None) else { return };
+        for (start, cap) in inherited {
+            if let Err(e) = s.pager.adopt(start as u64, cap) {
+                log::debug!("a mapping at {start:#x} not adopted again: {e}");
+            }
+        }
+        install(s);
+    });
+    r
+}
+
+/// Whether a thread other than the caller and zmem's (`zmem-*`, and the
+/// io_uring workers of its swap file) is in this process.
+fn others_than_zmem() -> bool {
+    let me = rustix::thread::gettid().as_raw_nonzero().get();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return true };
+    tasks.filter_map(Result::ok).any(|t| {
+        let tid: i32 = t.file_name().to_str().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        tid != me && !comm.starts_with("zmem-") && !comm.starts_with("iou-wrk-")
+    })
+}
+
+/// The threads of this process now.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(usize::MAX, Iterator::count)
 }
 
 /// Maps `len` bytes of managed memory, or `None` (the caller falls back).

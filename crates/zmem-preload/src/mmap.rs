@@ -215,3 +215,36 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     }
     r
 }
+
+/// `unshare`: with `CLONE_NEWUSER` (or `CLONE_THREAD`, `CLONE_SIGHAND`,
+/// `CLONE_VM`) the kernel wants a single-threaded process: zmem's threads
+/// step out meanwhile (`init::single_threaded`).
+#[no_mangle]
+pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
+    // SAFETY: the kernel's unshare with the caller's argument.
+    let call = || unsafe { libc::syscall(libc::SYS_unshare, flags) } as c_int;
+    if flags & (libc::CLONE_NEWUSER | libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_VM) != 0 {
+        crate::init::single_threaded(call)
+    } else {
+        call()
+    }
+}
+
+/// `setns`: into a user namespace (named by `nstype`, or by what `fd`
+/// is), as `unshare`.
+#[no_mangle]
+pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
+    // SAFETY: the kernel's setns with the caller's arguments.
+    let call = || unsafe { libc::syscall(libc::SYS_setns, fd, nstype) } as c_int;
+    /// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)`: what namespace `fd` is.
+    const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+    let user = nstype & libc::CLONE_NEWUSER != 0
+        // SAFETY: an ioctl that only reads what `fd` refers to; on any
+        // other descriptor it fails.
+        || (nstype == 0 && unsafe { libc::ioctl(fd, NS_GET_NSTYPE) } == libc::CLONE_NEWUSER);
+    if user {
+        crate::init::single_threaded(call)
+    } else {
+        call()
+    }
+}

@@ -4,8 +4,9 @@ use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, TryLockError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use zmem_common::{stats_files, LockExt};
@@ -18,6 +19,39 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// Set while the stats thread writes and renames its file (see
 /// `remove_at_exit`).
 static WRITING: AtomicBool = AtomicBool::new(false);
+/// Set to end the stats thread ([`stop_thread`]).
+static STOP: AtomicBool = AtomicBool::new(false);
+/// The stats thread's handle (a leaked `Box<JoinHandle>`, or null): an
+/// atomic, not a lock, since a forked child must let go of its parent's
+/// without waiting or joining.
+static THREAD: AtomicPtr<JoinHandle<()>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Starts the stats thread (see [`stats_main`]).
+pub(crate) fn start_thread(named: Option<PathBuf>, interval: Duration) -> std::io::Result<()> {
+    STOP.store(false, Ordering::SeqCst);
+    let t = zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
+        crate::guard::mark_internal_thread();
+        stats_main(named.as_deref(), interval);
+    })?;
+    // An older handle is a thread of the parent's (a forked child): not
+    // this process's to join or detach.
+    let _ = THREAD.swap(Box::into_raw(Box::new(t)), Ordering::AcqRel);
+    Ok(())
+}
+
+/// Ends the stats thread and waits for it.
+pub(crate) fn stop_thread() {
+    STOP.store(true, Ordering::SeqCst);
+    let p = THREAD.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if !p.is_null() {
+        // SAFETY: p came from Box::into_raw in `start_thread`, and the swap
+        // made this the only owner.
+        let t = unsafe { Box::from_raw(p) };
+        t.thread().unpark();
+        let _ = t.join();
+    }
+}
+
 /// The default directory the file is in now, for the exit handler (which
 /// must not allocate, and only tries the lock).
 static DIR: Mutex<Option<CString>> = Mutex::new(None);
@@ -32,6 +66,9 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     // The directory made ready, and for which effective user.
     let mut ready: Option<(u32, PathBuf)> = None;
     loop {
+        if STOP.load(Ordering::SeqCst) {
+            return;
+        }
         if let Some(s) = current() {
             let euid = euid();
             if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
@@ -67,7 +104,7 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         }
         // Before it sleeps (`zmem_common::tls`).
         zmem_common::tls::keep_resident();
-        std::thread::sleep(interval);
+        std::thread::park_timeout(interval);
     }
 }
 
@@ -97,6 +134,8 @@ fn euid() -> u32 {
 /// In a forked child: the parent's stats thread is not here.
 pub(crate) fn after_fork_in_child() {
     WRITING.store(false, Ordering::SeqCst);
+    // The parent's thread: its handle is leaked (`start_thread`).
+    THREAD.store(std::ptr::null_mut(), Ordering::Relaxed);
 }
 
 /// The exit handler (`atexit`): this process's stats file in the default

@@ -498,7 +498,7 @@ impl Inner {
     /// loaded, what it maps unregistered, the region forgotten. Until it
     /// is unregistered, a fault there is still served as the region's.
     /// The caller keeps reclaim from isolating.
-    fn give_back(&self, st: &Arc<RegionState>, bounce: &mut [u8]) {
+    pub(super) fn give_back(&self, st: &Arc<RegionState>, bounce: &mut [u8]) {
         self.load_region(st, bounce, false);
         let base = st.start.load(Ordering::Acquire);
         for (a, b) in st.mapped_parts() {

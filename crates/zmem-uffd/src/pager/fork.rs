@@ -81,6 +81,45 @@ impl Pager {
         }
     }
 
+    /// Gives every region back to the program, whole and unregistered, as
+    /// [`Drop`] gives adopted ones, those it mapped too (their mappings
+    /// stay, the program's now); stops and joins the pager's threads; and
+    /// closes what it holds open. For a moment in which the process must
+    /// have no thread but the caller's: the kernel refuses
+    /// `unshare(CLONE_NEWUSER)` to a process with more (EINVAL), and the
+    /// pager's threads made every managed process one (`unshare -r`,
+    /// bubblewrap). What was managed is plain memory after, which a new
+    /// pager may adopt.
+    ///
+    /// # Safety
+    /// The pager is never used or dropped afterwards (the caller leaks it
+    /// and forgets the [`Region`](super::Region)s it made): its
+    /// descriptors' numbers may be reused by anything. It is the process's
+    /// only pager: every descriptor in `zmem_common::fds` is closed.
+    pub unsafe fn let_go(&self) {
+        let inner = &self.inner;
+        // A forked child may still need the regions' entries.
+        inner.wait_handover();
+        inner.frozen.store(true, Ordering::Release);
+        // The pass in flight ends at its next batch; no new one starts.
+        drop(inner.reclaim_gate.lock_ok());
+        let regions: Vec<_> = inner.regions.read_ok().values().cloned().collect();
+        let mut bounce = vec![0u8; inner.cfg.folio_size];
+        for st in regions {
+            inner.give_back(&st, &mut bounce);
+        }
+        // With no region left, the handler returns at its next wake-up
+        // (50 ms at the most), and reclaim at its kick.
+        inner.stop.store(true, Ordering::Release);
+        inner.kick_reclaim();
+        for t in self.threads.lock_ok().drain(..) {
+            let _ = t.join();
+        }
+        // SAFETY: no thread of this pager is left to use its descriptors,
+        // and the caller's contract: it is never used again.
+        unsafe { self.abandon_in_child() };
+    }
+
     /// A pager started in a forked child: the child's pages are shared with
     /// its parent until one of them writes, so reclaim makes a folio's pages
     /// this process's own before it moves them, as after a fork of its own.

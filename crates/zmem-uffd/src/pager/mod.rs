@@ -120,7 +120,7 @@ mod stats;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
@@ -315,7 +315,8 @@ struct Pass {
 /// Anonymous memory under a limit, backed by a compressed tier.
 pub struct Pager {
     inner: Arc<Inner>,
-    threads: Vec<JoinHandle<()>>,
+    /// Taken by [`Drop`], or by [`Pager::let_go`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Pager {
@@ -483,7 +484,7 @@ impl Pager {
         }
         let r = Arc::clone(&inner);
         threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
-        Ok(Pager { inner, threads })
+        Ok(Pager { inner, threads: Mutex::new(threads) })
     }
 
     pub fn tier(&self) -> &Tier {
@@ -521,7 +522,7 @@ impl Drop for Pager {
         drop(self.inner.reclaim_gate.lock_ok());
         self.inner.release_adopted();
         if self.inner.regions.read_ok().is_empty() {
-            for t in self.threads.drain(..) {
+            for t in self.threads.get_mut().unwrap_or_else(PoisonError::into_inner).drain(..) {
                 let _ = t.join();
             }
         }
