@@ -799,6 +799,31 @@ fn a_process_enters_a_user_namespace_and_stays_managed() {
     run_managed("unshare-r", "32M", &["unshare", "-r", "python3", "-c", script], "ok True", 120);
 }
 
+/// Under bubblewrap, with `/` read-only and a `/dev` of its own: the swap
+/// file's directory is read-only, so the pager runs without writeback (the
+/// shim was off), and the tree's segment, not in the sandbox's `/dev/shm`,
+/// is reached through the descriptor `zmem run` left open (the process took
+/// the whole limit to itself).
+#[test]
+fn a_program_in_a_bubblewrap_sandbox_is_managed_in_the_tree_without_writeback() {
+    let stats = tmpdir("bwrap-stats");
+    let dir = stats.to_str().unwrap();
+    let script = "import os\n\
+                  b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b))\n";
+    let sandbox = ["bwrap", "--unshare-user", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"];
+    let mut args = vec!["run", "--limit", "32M", "--"];
+    args.extend(sandbox);
+    args.extend(["--bind", dir, dir, "python3", "-c", script]);
+    let o = zmem(&args, &[("ZMEM_STATS_DIR", dir), ("ZMEM_STATS_INTERVAL_MS", "50")], 120);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok True"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("runs without writeback") && !err.contains("whole limit"), "{}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
+    assert!(tree_peak(&stats) > 0, "the tree's segment was joined: {}", text(&o));
+}
+
 /// Under Valgrind (its synthetic CPU runs one thread at a time, so a
 /// thread that touched an evicted page would hold up the handler that it
 /// waits for: it hung) the shim stays off, says so, and the program runs.

@@ -292,7 +292,7 @@ fn running_on_valgrind() -> bool {
 /// A pager under `settings`, and the thread that writes its stats file.
 /// In a forked child with the parent's hand-over `link`, the pager takes
 /// this process's userfaultfd and evicted pages over from the parent.
-fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
+fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
     let config = |settings: &Settings| {
         let mut cfg = settings.pager_config();
         cfg.thread_init = Some(mark_internal_thread);
@@ -320,6 +320,18 @@ fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim>
             log::warn!("{e}; this process takes the whole limit");
             cfg.tree = None;
             Pager::new(cfg.clone())
+        }
+        r => r,
+    };
+    let pager = match pager {
+        // No swap file where it goes (a sandbox made the directory
+        // read-only, or hid it): a pool without writeback still keeps the
+        // limit, where the shim turned off did not (bubblewrap with `/`
+        // bound read-only).
+        Err(zmem_uffd::PagerError::Tier(zmem_tier::TierError::SwapCreate(e))) => {
+            log::warn!("no swap file ({e}); this process runs without writeback");
+            settings.swapfile_dir = None;
+            Pager::new(zmem_uffd::PagerConfig { tree: cfg.tree.take(), ..config(&settings) })
         }
         r => r,
     };

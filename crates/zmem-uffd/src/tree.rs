@@ -129,18 +129,31 @@ impl Drop for Tree {
 /// past the limit. The file must be the one `path` names now (same device
 /// and inode): a descriptor number the program reused for something else
 /// is never taken for it.
+///
+/// Where `path` names nothing (a sandbox's own `/dev/shm`: bubblewrap's
+/// `--dev`), the descriptor is the one whose link in `/proc/self/fd` is
+/// `path` (the name it was opened by), and the caller checks what it maps.
 fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
-    let want = rustix::fs::stat(path).ok()?;
+    let want = match rustix::fs::stat(path) {
+        Ok(st) => Some(st),
+        Err(rustix::io::Errno::NOENT) => None,
+        Err(_) => return None,
+    };
     let dir = std::fs::read_dir("/proc/self/fd").ok()?;
     let fds: Vec<std::os::fd::RawFd> =
         dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
     let fd = fds.into_iter().find(|&fd| {
         // SAFETY: fstat on a number that may be closed meanwhile reads
         // nothing of ours: it fails with EBADF or describes whatever the
-        // number names now, which the inode check then rejects.
+        // number names now, which the inode (or name) check then rejects.
         let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-        rustix::fs::fstat(b)
-            .is_ok_and(|st| st.st_dev == want.st_dev && st.st_ino == want.st_ino && st.st_size == SIZE as i64)
+        rustix::fs::fstat(b).is_ok_and(|st| {
+            st.st_size == SIZE as i64
+                && match want {
+                    Some(w) => st.st_dev == w.st_dev && st.st_ino == w.st_ino,
+                    None => std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| l == path),
+                }
+        })
     })?;
     zmem_common::fds::keep_for_good(fd);
     Some(fd)
@@ -187,7 +200,7 @@ impl Tree {
                 }
                 Tree::map(fd.as_fd()).map_err(io)?
             }
-            Err(e @ (Errno::ACCESS | Errno::PERM)) => {
+            Err(e @ (Errno::ACCESS | Errno::PERM | Errno::NOENT)) => {
                 let fd = inherited(path).ok_or_else(|| io(e))?;
                 // SAFETY: `inherited` found fd open, and keeps it open for
                 // the rest of the process's life.
