@@ -799,6 +799,28 @@ fn a_process_enters_a_user_namespace_and_stays_managed() {
     run_managed("unshare-r", "32M", &["unshare", "-r", "python3", "-c", script], "ok True", 120);
 }
 
+/// `setpriv --reuid --regid` (a container's usual entrypoint) drops its
+/// uid keeping its capabilities (`PR_SET_KEEPCAPS`, `capset`: its thread
+/// alone), then sets its gids: glibc made zmem's threads, which had lost
+/// theirs, make the same call, and aborted the process when theirs failed.
+/// The program it starts runs as nobody, managed.
+#[test]
+fn setpriv_drops_to_another_user_and_what_it_starts_is_managed() {
+    use std::os::unix::fs::PermissionsExt;
+    let stats = tmpdir("setpriv-stats");
+    std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = "import os\n\
+                  b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b), os.getuid(), os.getgid())\n";
+    let args = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3", "-c", script];
+    let mut cmd = vec!["run", "--limit", "32M", "--", "setpriv"];
+    cmd.extend(args);
+    let o = zmem(&cmd, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")], 120);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok True 65534 65534"), "{}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
+}
+
 /// Under bubblewrap, with `/` read-only and a `/dev` of its own: the swap
 /// file's directory is read-only, so the pager runs without writeback (the
 /// shim was off), and the tree's segment, not in the sandbox's `/dev/shm`,

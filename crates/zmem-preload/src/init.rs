@@ -75,6 +75,12 @@ pub(crate) fn current() -> Option<&'static Shim> {
 /// (and `CURRENT`) of its parent, not its threads.
 static SHIM_PID: AtomicU32 = AtomicU32::new(0);
 
+/// Whether this is the process whose shim runs (not a vfork child, and
+/// with a shim).
+pub(crate) fn is_shim_process() -> bool {
+    SHIM_PID.load(Ordering::Relaxed) == std::process::id() && current().is_some()
+}
+
 fn install(s: Shim) {
     SHIM_PID.store(std::process::id(), Ordering::Relaxed);
     CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
