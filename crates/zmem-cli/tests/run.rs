@@ -799,6 +799,29 @@ fn a_process_enters_a_user_namespace_and_stays_managed() {
     run_managed("unshare-r", "32M", &["unshare", "-r", "python3", "-c", script], "ok True", 120);
 }
 
+/// `setns` into a mount namespace wants a caller that shares its
+/// filesystem context with no other thread (`nsenter -m` failed with EINVAL
+/// under `zmem run`): as for a user namespace, zmem's threads step out.
+#[test]
+fn nsenter_into_a_mount_namespace_runs_a_managed_program() {
+    let mut holder = Command::new("unshare").args(["-m", "sleep", "120"]).spawn().expect("unshare -m sleep");
+    let pid = holder.id();
+    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|l| l == ours) {
+        assert!(Instant::now() < deadline, "unshare -m never made its namespace");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let script = "import os\n\
+                  b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b))\n";
+    let target = pid.to_string();
+    let cmd = ["nsenter", "-t", &target, "-m", "/usr/bin/python3", "-c", script];
+    let _ = run_managed("nsenter-m", "32M", &cmd, "ok True", 120);
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
 /// `setpriv --reuid --regid` (a container's usual entrypoint) drops its
 /// uid keeping its capabilities (`PR_SET_KEEPCAPS`, `capset`: its thread
 /// alone), then sets its gids: glibc made zmem's threads, which had lost

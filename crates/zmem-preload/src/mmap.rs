@@ -230,19 +230,24 @@ pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
     }
 }
 
-/// `setns`: into a user namespace (named by `nstype`, or by what `fd`
-/// is), as `unshare`.
+/// `setns`: into a user namespace, or a mount namespace (the kernel wants
+/// the caller not to share its filesystem context, which threads do:
+/// `nsenter -m` failed), named by `nstype` or by what `fd` is, as
+/// `unshare`.
 #[no_mangle]
 pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     // SAFETY: the kernel's setns with the caller's arguments.
     let call = || unsafe { libc::syscall(libc::SYS_setns, fd, nstype) } as c_int;
     /// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)`: what namespace `fd` is.
     const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
-    let user = nstype & libc::CLONE_NEWUSER != 0
+    let one_thread = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+    let kind = match nstype {
         // SAFETY: an ioctl that only reads what `fd` refers to; on any
         // other descriptor it fails.
-        || (nstype == 0 && unsafe { libc::ioctl(fd, NS_GET_NSTYPE) } == libc::CLONE_NEWUSER);
-    if user {
+        0 => unsafe { libc::ioctl(fd, NS_GET_NSTYPE) },
+        t => t,
+    };
+    if kind > 0 && kind & one_thread != 0 {
         crate::init::single_threaded(call)
     } else {
         call()
