@@ -230,17 +230,19 @@ pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
     }
 }
 
-/// `setns`: into a user namespace, or a mount namespace (the kernel wants
+/// `setns`: into a user namespace, a mount namespace (the kernel wants
 /// the caller not to share its filesystem context, which threads do:
-/// `nsenter -m` failed), named by `nstype` or by what `fd` is, as
-/// `unshare`.
+/// `nsenter -m` failed) or a time namespace (EUSERS with more than one
+/// thread), named by `nstype` or by what `fd` is, as `unshare`.
 #[no_mangle]
 pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     // SAFETY: the kernel's setns with the caller's arguments.
     let call = || unsafe { libc::syscall(libc::SYS_setns, fd, nstype) } as c_int;
     /// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)`: what namespace `fd` is.
     const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
-    let one_thread = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+    /// `CLONE_NEWTIME`, which the libc crate lacks.
+    const CLONE_NEWTIME: c_int = 0x80;
+    let one_thread = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | CLONE_NEWTIME;
     let kind = match nstype {
         // SAFETY: an ioctl that only reads what `fd` refers to; on any
         // other descriptor it fails.
