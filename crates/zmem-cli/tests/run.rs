@@ -844,6 +844,32 @@ fn setpriv_drops_to_another_user_and_what_it_starts_is_managed() {
     assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
 }
 
+/// A root program that gives up every capability (`capset`, which changes
+/// its thread alone) leaves zmem's threads, in its address space, with
+/// none either: they are made again with its sets. (They kept all of
+/// root's.) Its memory stays managed.
+#[test]
+fn a_root_program_that_gives_up_its_capabilities_leaves_zmem_none() {
+    let script = r#"
+import ctypes, os, time
+b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]
+libc = ctypes.CDLL(None, use_errno=True)
+class H(ctypes.Structure): _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class D(ctypes.Structure): _fields_ = [("e", ctypes.c_uint32), ("p", ctypes.c_uint32), ("i", ctypes.c_uint32)]
+r = libc.capset(ctypes.byref(H(0x20080522, 0)), (D * 2)())
+def capeff(t):
+    return [l.split()[1] for l in open(f'/proc/self/task/{t}/status') if l.startswith('CapEff')][0]
+tasks = os.listdir('/proc/self/task')
+print('capset', r, 'threads', len(tasks), 'with capabilities', sum(int(capeff(t), 16) != 0 for t in tasks))
+c = [bytearray(os.urandom(64) * 16384) for _ in range(96)]
+print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b + c))
+"#;
+    let o = run_managed("capset", "32M", &["/usr/bin/python3", "-c", script], "ok True", 120);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("capset 0 threads") && out.contains("with capabilities 0"), "{}", text(&o));
+    assert!(!out.contains("threads 1 "), "zmem's threads run again: {}", text(&o));
+}
+
 /// Under bubblewrap, with `/` read-only and a `/dev` of its own: the swap
 /// file's directory is read-only, so the pager runs without writeback (the
 /// shim was off), and the tree's segment, not in the sandbox's `/dev/shm`,

@@ -15,8 +15,14 @@
 //! is made with no thread of zmem's in the process
 //! (`init::single_threaded`); the new pager's threads then start with the
 //! caller's credentials. Otherwise it goes straight to glibc.
+//!
+//! `capset` changes the caller's thread alone, even in glibc. After one
+//! that leaves zmem's threads with other capabilities, they are replaced by
+//! threads made with the caller's: a root program that gave up its
+//! capabilities left zmem's threads, in its address space, with all of
+//! root's.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{gid_t, size_t, uid_t};
@@ -123,4 +129,16 @@ pub unsafe extern "C" fn setgroups(size: size_t, list: *const gid_t) -> c_int {
     let f: unsafe extern "C" fn(size_t, *const gid_t) -> c_int = unsafe { std::mem::transmute(f) };
     // SAFETY: the caller's arguments, as the C library takes them.
     change(|| unsafe { f(size, list) })
+}
+
+/// `capset`: the caller's own sets; then, where zmem's threads have other
+/// ones, they are made again with the caller's (see the module's doc).
+#[no_mangle]
+pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_int {
+    // SAFETY: the kernel's capset with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_capset, header, data) } as c_int;
+    if r == 0 && crate::init::is_shim_process() && crate::guard::guarded(diverged).unwrap_or(false) {
+        crate::init::single_threaded(|| ());
+    }
+    r
 }
