@@ -97,19 +97,32 @@ impl KernelSetup {
     /// usemem`) each saved zswap's parameters as the other had set them,
     /// and the last to finish set them back to the other's: `enabled` stayed
     /// `Y` (two of `zmem run`'s tests ran side by side and caught it).
+    ///
+    /// The holder removes the file before it lets go (`drop`), so that a run
+    /// leaves nothing behind; a run that waited on the removed file finds
+    /// the name gone or another file's, and locks again by the name.
     fn lock() -> Result<std::fs::File> {
         use rustix::fs::{flock, FlockOperation};
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK)
-            .with_context(|| format!("open {LOCK}"))?;
-        if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
-            eprintln!("zmem: another kernel run (zmem usemem or compare) holds {LOCK}; waiting for it to end");
-            flock(&f, FlockOperation::LockExclusive).with_context(|| format!("lock {LOCK}"))?;
+        let mut said = false;
+        loop {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(LOCK)
+                .with_context(|| format!("open {LOCK}"))?;
+            if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+                if !said {
+                    eprintln!("zmem: another kernel run (zmem usemem or compare) holds {LOCK}; waiting for it to end");
+                    said = true;
+                }
+                flock(&f, FlockOperation::LockExclusive).with_context(|| format!("lock {LOCK}"))?;
+            }
+            let held = rustix::fs::fstat(&f).with_context(|| format!("stat {LOCK}"))?;
+            if rustix::fs::stat(LOCK).is_ok_and(|named| named.st_dev == held.st_dev && named.st_ino == held.st_ino) {
+                return Ok(f);
+            }
         }
-        Ok(f)
     }
 
     /// Sets `vm.page-cluster` (swap read-ahead: 2^n pages a fault) until
@@ -175,6 +188,11 @@ impl Drop for KernelSetup {
         if self.mounted_debugfs {
             let _ = sh("umount", &["/sys/kernel/debug"]);
         }
+        // Removed while still held (see `lock`); the lock goes with the
+        // field, after this.
+        if self.lock.is_some() {
+            let _ = std::fs::remove_file(LOCK);
+        }
     }
 }
 
@@ -218,12 +236,18 @@ mod tests {
         let t = Instant::now();
         let second = std::thread::spawn(move || {
             let l = KernelSetup::lock();
-            (l.is_ok(), t.elapsed())
+            (l, t.elapsed())
         });
         std::thread::sleep(Duration::from_millis(300));
         assert!(!second.is_finished(), "the second run took the lock while the first held it");
+        // As `drop` lets go: the file removed first, then the lock.
+        std::fs::remove_file(super::LOCK).unwrap();
         drop(first);
-        let (ok, waited) = second.join().unwrap();
-        assert!(ok && waited >= Duration::from_millis(300), "{waited:?}");
+        let (held, waited) = second.join().unwrap();
+        assert!(held.is_ok() && waited >= Duration::from_millis(300), "{waited:?}");
+        // The second holds a new file by the name, which it removes as it ends.
+        assert!(std::path::Path::new(super::LOCK).exists());
+        std::fs::remove_file(super::LOCK).unwrap();
+        drop(held);
     }
 }
