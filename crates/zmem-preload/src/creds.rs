@@ -56,12 +56,8 @@ fn caps(tid: c_int) -> Option<[CapData; 2]> {
 /// Whether a thread of zmem's has capabilities other than the caller's.
 fn diverged() -> bool {
     let Some(mine) = caps(0) else { return false };
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return false };
-    tasks.filter_map(Result::ok).any(|t| {
-        let zmem = std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("zmem-"));
-        let tid = t.file_name().to_str().and_then(|n| n.parse().ok()).unwrap_or(0);
-        zmem && tid != 0 && caps(tid).is_some_and(|theirs| theirs != mine)
-    })
+    let zmem = crate::init::tasks().unwrap_or_default().into_iter().filter(|(_, comm)| crate::init::is_zmem(comm));
+    zmem.map(|(tid, _)| tid).any(|tid| caps(tid).is_some_and(|theirs| theirs != mine))
 }
 
 /// Makes the call `f`: with no thread of zmem's where their capabilities
@@ -114,21 +110,7 @@ set_ids! {
     setregid(r: gid_t, e: gid_t);
     setresuid(r: uid_t, e: uid_t, s: uid_t);
     setresgid(r: gid_t, e: gid_t, s: gid_t);
-}
-
-/// `setgroups`, as the rest.
-#[no_mangle]
-pub unsafe extern "C" fn setgroups(size: size_t, list: *const gid_t) -> c_int {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let f = next(&NEXT, c"setgroups");
-    if f == 0 {
-        crate::init::set_errno(libc::ENOSYS);
-        return -1;
-    }
-    // SAFETY: f is the C library's setgroups, of this type.
-    let f: unsafe extern "C" fn(size_t, *const gid_t) -> c_int = unsafe { std::mem::transmute(f) };
-    // SAFETY: the caller's arguments, as the C library takes them.
-    change(|| unsafe { f(size, list) })
+    setgroups(size: size_t, list: *const gid_t);
 }
 
 /// `capset`: the caller's own sets; then, where zmem's threads have other

@@ -416,12 +416,25 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
 /// io_uring workers of its swap file) is in this process.
 fn others_than_zmem() -> bool {
     let me = rustix::thread::gettid().as_raw_nonzero().get();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return true };
-    tasks.filter_map(Result::ok).any(|t| {
-        let tid: i32 = t.file_name().to_str().and_then(|n| n.parse().ok()).unwrap_or(0);
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        tid != me && !comm.starts_with("zmem-") && !comm.starts_with("iou-wrk-")
-    })
+    tasks().is_none_or(|t| t.iter().any(|(tid, comm)| *tid != me && !is_zmem(comm) && !comm.starts_with("iou-wrk-")))
+}
+
+/// This process's threads now, (tid, name); `None` without `/proc`.
+pub(crate) fn tasks() -> Option<Vec<(i32, String)>> {
+    let dir = std::fs::read_dir("/proc/self/task").ok()?;
+    Some(
+        dir.filter_map(Result::ok)
+            .filter_map(|t| {
+                let tid = t.file_name().to_str()?.parse().ok()?;
+                Some((tid, std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()))
+            })
+            .collect(),
+    )
+}
+
+/// Whether a thread of this name is zmem's.
+pub(crate) fn is_zmem(comm: &str) -> bool {
+    comm.starts_with("zmem-")
 }
 
 /// The threads of this process now.
