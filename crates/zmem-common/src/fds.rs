@@ -385,6 +385,60 @@ pub fn read_to_string(wait: Wait, path: &std::path::Path) -> std::io::Result<Str
     String::from_utf8(out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
+/// The names in a directory (`.` and `..` left out), read through a kept
+/// descriptor with `getdents64`, which opens nothing more: for the
+/// directories zmem's threads list while the program runs
+/// (`/proc/self/task`, a stats directory). `std::fs::read_dir`'s
+/// descriptor was the program's to close: the BEAM closed it under the
+/// stats thread, whose `closedir` then failed with EBADF, and std
+/// panics at that; with the number reused, it would have closed the
+/// program's file.
+///
+/// # Errors
+/// Opening or reading the directory, or
+/// [`std::io::ErrorKind::WouldBlock`] if the program's closes kept it from
+/// being opened (`wait`).
+pub fn dir_names(wait: Wait, path: &std::path::Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    let busy = std::io::ErrorKind::WouldBlock.into();
+    let fd = open_kept(wait, busy, || {
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(path).map(OwnedFd::from)
+    })?;
+    let mut names = Vec::new();
+    // 8-byte aligned, as `struct linux_dirent64` is.
+    let mut buf = vec![0u64; 1024];
+    loop {
+        // SAFETY: buf is writable for its length in bytes; fd is open
+        // (kept) and a directory.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len() * 8) };
+        if n == 0 {
+            return Ok(names);
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: the kernel filled n bytes of buf, which lives on.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+        let mut at = 0;
+        // Each record: d_ino (8), d_off (8), d_reclen (2), d_type (1),
+        // then the name, NUL-terminated, within d_reclen.
+        while at + 19 <= bytes.len() {
+            let reclen = u16::from_ne_bytes([bytes[at + 16], bytes[at + 17]]) as usize;
+            let Some(rec) = bytes.get(at + 19..at + reclen) else { break };
+            let name = &rec[..rec.iter().position(|&b| b == 0).unwrap_or(rec.len())];
+            if name != b"." && name != b".." {
+                names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
+            }
+            at += reclen.max(1);
+        }
+    }
+}
+
 /// An [`OwnedFd`] kept ([`keep`]) for as long as it lives; dropping it
 /// closes it in a section (or leaves it to the next one, kept until then).
 #[derive(Debug)]
@@ -490,6 +544,29 @@ impl AsRawFd for KeptFd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dir_names_lists_a_directory_as_read_dir_does() {
+        let d = std::env::temp_dir().join(format!("zmem-fds-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        // Enough entries, with long names, to take several getdents64 calls.
+        let mut want: Vec<std::ffi::OsString> =
+            (0..600).map(|i| format!("{i:04}-{}", "x".repeat(i % 200)).into()).collect();
+        for n in &want {
+            std::fs::write(d.join(n), b"").unwrap();
+        }
+        let mut got = dir_names(Wait::Yes, &d).unwrap();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want);
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(dir_names(Wait::Yes, &d).is_err());
+        let tasks = dir_names(Wait::Yes, std::path::Path::new("/proc/self/task")).unwrap();
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        assert!(tasks.contains(&me.to_string().into()), "{tasks:?}");
+    }
 
     /// The table is the process's: `take_all` in one test empties what
     /// another test kept (12 runs in 40 failed with the tests in parallel).

@@ -79,7 +79,7 @@ pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
 /// The effective uid of process `pid` (the `Uid:` line of its status):
 /// whose default stats directory it writes to.
 pub fn effective_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = crate::fds::read_to_string(crate::fds::Wait::Yes, Path::new(&format!("/proc/{pid}/status"))).ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -88,12 +88,14 @@ pub fn effective_uid(pid: u32) -> Option<u32> {
 /// that no longer exist, but never `keep`'s. Returns how many went.
 /// A process is alive while `/proc/PID` exists (a zombie included).
 pub fn sweep(dir: &Path, keep: u32) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    // Listed through a kept descriptor: the stats thread sweeps while the
+    // program runs, and may close every descriptor.
+    let Ok(names) = crate::fds::dir_names(crate::fds::Wait::Yes, dir) else { return 0 };
     let mut gone = 0;
-    for e in entries.flatten() {
-        let name = e.file_name();
+    for name in names {
         let Some(pid) = name.to_str().and_then(owner) else { continue };
-        if pid != keep && !Path::new(&format!("/proc/{pid}")).exists() && std::fs::remove_file(e.path()).is_ok() {
+        if pid != keep && !Path::new(&format!("/proc/{pid}")).exists() && std::fs::remove_file(dir.join(&name)).is_ok()
+        {
             gone += 1;
         }
     }

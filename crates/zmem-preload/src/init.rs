@@ -3,8 +3,10 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
+use zmem_common::fds::Wait;
 use zmem_common::RwLockExt;
 
 use zmem_settings::Settings;
@@ -258,7 +260,7 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
 /// This process, for a message: the name the kernel keeps
 /// (`/proc/self/comm`) and its pid.
 fn program() -> String {
-    let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    let comm = zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_default();
     format!("{} (pid {})", comm.trim_end(), std::process::id())
 }
 
@@ -421,12 +423,19 @@ fn others_than_zmem() -> bool {
 
 /// This process's threads now, (tid, name); `None` without `/proc`.
 pub(crate) fn tasks() -> Option<Vec<(i32, String)>> {
-    let dir = std::fs::read_dir("/proc/self/task").ok()?;
+    // Kept descriptors (`zmem_common::fds`): the program's other threads
+    // may be closing every descriptor meanwhile.
+    let task = Path::new("/proc/self/task");
+    let names = zmem_common::fds::dir_names(Wait::Yes, task).ok()?;
     Some(
-        dir.filter_map(Result::ok)
+        names
+            .into_iter()
             .filter_map(|t| {
-                let tid = t.file_name().to_str()?.parse().ok()?;
-                Some((tid, std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()))
+                let tid = t.to_str()?.parse().ok()?;
+                Some((
+                    tid,
+                    zmem_common::fds::read_to_string(Wait::Yes, &task.join(&t).join("comm")).unwrap_or_default(),
+                ))
             })
             .collect(),
     )
@@ -439,7 +448,7 @@ pub(crate) fn is_zmem(comm: &str) -> bool {
 
 /// The threads of this process now.
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map_or(usize::MAX, Iterator::count)
+    zmem_common::fds::dir_names(Wait::Yes, Path::new("/proc/self/task")).map_or(usize::MAX, |n| n.len())
 }
 
 /// Maps `len` bytes of managed memory, or `None` (the caller falls back).

@@ -32,9 +32,10 @@ pub struct TierConfig {
     pub mempool: MempoolConfig,
 }
 
-/// Total RAM from /proc/meminfo, or 1 GiB if it cannot be read.
+/// Total RAM from /proc/meminfo, or 1 GiB if it cannot be read (through
+/// a kept descriptor: a pager may start while the program runs).
 pub fn total_ram() -> usize {
-    std::fs::read_to_string("/proc/meminfo")
+    zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, std::path::Path::new("/proc/meminfo"))
         .ok()
         .and_then(|s| {
             let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;

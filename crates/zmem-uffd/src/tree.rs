@@ -139,9 +139,8 @@ fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
         Err(rustix::io::Errno::NOENT) => None,
         Err(_) => return None,
     };
-    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
-    let fds: Vec<std::os::fd::RawFd> =
-        dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
+    let names = zmem_common::fds::dir_names(zmem_common::fds::Wait::Yes, Path::new("/proc/self/fd")).ok()?;
+    let fds: Vec<std::os::fd::RawFd> = names.iter().filter_map(|n| n.to_str().and_then(|n| n.parse().ok())).collect();
     let fd = fds.into_iter().find(|&fd| {
         // SAFETY: fstat on a number that may be closed meanwhile reads
         // nothing of ours: it fails with EBADF or describes whatever the
