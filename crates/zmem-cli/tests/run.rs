@@ -2339,3 +2339,122 @@ func main() {
     assert!(st.success(), "go build failed");
     run_managed("go", "64M", &[exe.to_str().unwrap()], "go ok ", 300);
 }
+
+/// Runs `cmd` once without zmem and once under `zmem run --limit LIMIT`,
+/// and checks that both succeed and print the same bytes, which start
+/// with `want`, and that zmem evicted at least `evicted` folios. (The
+/// memory of a runtime that maps it after the shim starts is managed
+/// from its mmap, not adopted, so adoption is not asked for.)
+fn same_as_native(name: &str, limit: &str, cmd: &[&str], want: &str, evicted: u64, secs: u64) {
+    let native = Command::new(cmd[0]).args(&cmd[1..]).output().unwrap_or_else(|e| panic!("{}: {e}", cmd[0]));
+    assert!(native.status.success(), "{} without zmem: {}", cmd[0], text(&native));
+    assert!(native.stdout.starts_with(want.as_bytes()), "{} without zmem: {}", cmd[0], text(&native));
+    let stats = tmpdir(&format!("{name}-stats"));
+    let env = [("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")];
+    let o = run_checked(name, limit, cmd, &env, want, secs);
+    assert_eq!(o.stdout, native.stdout, "{}", text(&o));
+    // A panic on one of zmem's threads (the BEAM closed the stats
+    // thread's directory under it) is not the program's output.
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "{}", text(&o));
+    let n = pager_max(&stats, "evicted_folios");
+    assert!(n >= evicted, "evicted {n} folios, want {evicted}; {}", text(&o));
+}
+
+/// Ruby's object heap (64 KiB pages it maps itself) and its malloc'd
+/// string bodies, 4x the limit: a full GC, then `GC.compact`, which moves
+/// objects between heap pages, then every string checked.
+#[test]
+fn ruby_compacts_a_heap_4x_the_limit_and_every_string_reads_back() {
+    let rb = r#"
+n = 250_000
+a = Array.new(n) { |i| ("%08d" % i) * 48 }
+h = {}
+a.each_with_index { |s, i| h[i] = s.reverse }
+GC.start(full_mark: true, immediate_sweep: true)
+GC.compact
+n.times { |i| raise "bad #{i}" unless a[i] == ("%08d" % i) * 48 && h[i] == a[i].reverse }
+puts "ruby ok #{a.sum(&:bytesize)} #{h[n - 1][0, 16]}"
+"#;
+    same_as_native("ruby", "32M", &["ruby", "-e", rb], "ruby ok 96000000", 2000, 300);
+}
+
+/// PHP's Zend allocator (2 MiB chunks, aligned by mapping more and
+/// unmapping the rest) holding arrays and a hash table 4x the limit,
+/// every value checked after the cycle collector ran.
+#[test]
+fn php_zend_allocator_chunks_4x_the_limit_are_managed_and_checked() {
+    let php = r#"
+$n = 250000; $a = [];
+for ($i = 0; $i < $n; $i++) { $a[] = str_repeat(sprintf("%08d", $i), 48); }
+$h = [];
+foreach ($a as $i => $s) { $h["k$i"] = strrev($s); }
+gc_collect_cycles();
+$t = 0;
+for ($i = 0; $i < $n; $i++) {
+    if ($a[$i] !== str_repeat(sprintf("%08d", $i), 48) || $h["k$i"] !== strrev($a[$i])) { echo "bad $i\n"; exit(1); }
+    $t += strlen($a[$i]);
+}
+echo "php ok $t ", md5($h["k" . ($n - 1)]), "\n";
+"#;
+    same_as_native("php", "32M", &["php", "-n", "-d", "memory_limit=-1", "-r", php], "php ok 96000000", 2000, 300);
+}
+
+/// Lua's collector walks every object it holds (~5x the limit) at each
+/// full cycle; every string checked after one.
+#[test]
+fn lua_collects_garbage_over_a_heap_5x_the_limit_and_reads_it_back() {
+    let lua = r#"
+local n, a, h = 60000, {}, {}
+for i = 1, n do a[i] = string.rep(string.format("%08d", i), 48) end
+for i = 1, n do h["k" .. i] = a[i]:reverse() end
+collectgarbage("collect")
+local t = 0
+for i = 1, n do
+  assert(a[i] == string.rep(string.format("%08d", i), 48) and h["k" .. i] == a[i]:reverse(), i)
+  t = t + #a[i]
+end
+print("lua ok " .. t .. " " .. h["k" .. n]:sub(1, 16))
+"#;
+    same_as_native("lua", "24M", &["lua5.4", "-e", lua], "lua ok 23040000", 1000, 300);
+}
+
+/// The BEAM (Erlang): scheduler threads, carriers its allocators map, an
+/// ETS table and binaries 5x the limit, every one checked. The BEAM
+/// closes descriptors it did not open while zmem's stats thread lists its
+/// directory: that thread panicked (EBADF from `closedir`) until
+/// directories were read through kept descriptors (`fds::dir_names`).
+#[test]
+fn an_erlang_vm_with_an_ets_table_5x_the_limit_is_managed_and_checked() {
+    let erl = r#"
+N = 60000,
+B = fun(I) -> binary:copy(list_to_binary(io_lib:format("~8..0B", [I])), 48) end,
+T = ets:new(t, [set]),
+[ets:insert(T, {I, B(I)}) || I <- lists:seq(1, N)],
+L = [B(I) || I <- lists:seq(1, N)],
+erlang:garbage_collect(),
+S = lists:foldl(fun({I, X}, Acc) -> [{I, Y}] = ets:lookup(T, I), X = B(I), Y = X, Acc + byte_size(X) end, 0, lists:zip(lists:seq(1, N), L)),
+io:format("erlang ok ~p ~p~n", [S, erlang:md5(lists:last(L))]),
+halt().
+"#;
+    same_as_native("erlang", "24M", &["erl", "-noshell", "-eval", erl], "erlang ok 23040000", 1000, 300);
+}
+
+/// Guile's collector (Boehm's, conservative) stops the world with
+/// signals and scans every thread's stack and the whole heap, 4x the
+/// limit; every string checked after it.
+#[test]
+fn guile_with_boehms_collector_over_a_heap_4x_the_limit_reads_everything_back() {
+    let scm = r#"
+(define n 250000)
+(define (s i) (let ((d (string-pad (number->string i) 8 #\0))) (string-concatenate (make-list 48 d))))
+(define v (make-vector n))
+(do ((i 0 (+ i 1))) ((= i n)) (vector-set! v i (s i)))
+(gc)
+(define t 0)
+(do ((i 0 (+ i 1))) ((= i n))
+  (unless (string=? (vector-ref v i) (s i)) (error "bad" i))
+  (set! t (+ t (string-length (vector-ref v i)))))
+(display "guile ok ") (display t) (newline)
+"#;
+    same_as_native("guile", "32M", &["guile", "--no-auto-compile", "-c", scm], "guile ok 96000000", 2000, 300);
+}
