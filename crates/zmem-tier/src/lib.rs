@@ -229,6 +229,12 @@ impl Tier {
         &self.cfg
     }
 
+    /// The pool is below its accept threshold and not refusing stores: a
+    /// page stored now goes into it without writing another back.
+    pub fn pool_has_room(&self) -> bool {
+        !self.full.load(Ordering::Relaxed) && self.pool_total_size() < self.accept_bytes.load(Ordering::Relaxed)
+    }
+
     /// The pool limit, in bytes.
     pub fn max_pool_bytes(&self) -> usize {
         self.max_bytes.load(Ordering::Relaxed)

@@ -385,13 +385,24 @@ impl Tier {
     /// caller keeps them only with room to spare). Returns whether the
     /// entry was kept.
     pub fn retain_clean(&self, key: u64, page: &[u8], keep_pool: bool) -> bool {
+        self.retain_clean_unless(key, page, keep_pool, false)
+    }
+
+    /// As [`retain_clean`](Self::retain_clean), but a written-back entry
+    /// goes too if `pool_has_room`: the caller saw room in the pool
+    /// ([`pool_has_room`](Self::pool_has_room)). Kept, the entry would send
+    /// the page back to its slot unchanged at its next eviction, and its
+    /// next load to the disk (~100 µs, decrypted and checked) where the
+    /// pool would serve it in a few; given up, the page is compressed into
+    /// the pool then, and the slot is free now.
+    pub fn retain_clean_unless(&self, key: u64, page: &[u8], keep_pool: bool, pool_has_room: bool) -> bool {
         let mut shard = self.tree.lock(key);
         let Some(e) = shard.get(key) else { return false };
         let keep = match e.stored {
             // Past half the swap file, slots are worth more than the
             // compressions a kept entry may save (do_swap_page frees the
             // slot when vm_swap_full()).
-            Stored::Swap { .. } => !self.swap.as_ref().is_some_and(|s| s.half_full()),
+            Stored::Swap { .. } => !pool_has_room && !self.swap.as_ref().is_some_and(|s| s.half_full()),
             Stored::Pool { .. } => keep_pool,
             Stored::SameFilled(_) => false,
         };

@@ -860,6 +860,38 @@ fn a_half_full_swap_file_keeps_no_entries() {
     assert!(matches!(t.lookup(35), Some(Stored::Swap { .. })));
 }
 
+/// With room in the pool, a page loaded from the swap file gives up its
+/// slot: kept, it would go back to the slot unchanged at its next eviction
+/// and come from the disk again at its next load. A pool entry is kept
+/// either way, and a full pool keeps written-back entries as before.
+#[test]
+fn a_written_back_entry_is_kept_only_where_the_pool_has_no_room() {
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(64 << 20, true) }).unwrap();
+    for k in 0..8u64 {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    assert_eq!(t.writeback(4), 4);
+    assert!(t.pool_has_room(), "{:?}", t.stats());
+    let swapped: Vec<u64> = (0..8).filter(|&k| matches!(t.lookup(k), Some(Stored::Swap { .. }))).collect();
+    assert_eq!(swapped.len(), 4, "{:?}", t.stats());
+    let pooled: Vec<u64> = (0..8).filter(|k| !swapped.contains(k)).collect();
+    // The pool has room: the slot goes, the pool entry stays.
+    let (s, p) = (swapped[0], pooled[0]);
+    assert!(!t.retain_clean_unless(s, &load(&t, s).unwrap(), true, true));
+    assert!(t.lookup(s).is_none());
+    assert!(t.retain_clean_unless(p, &load(&t, p).unwrap(), true, true));
+    assert!(matches!(t.lookup(p), Some(Stored::Pool { .. })));
+    // No room: the written-back entry stays as the page's clean copy.
+    let s = swapped[1];
+    assert!(t.retain_clean_unless(s, &load(&t, s).unwrap(), true, false));
+    assert!(matches!(t.lookup(s), Some(Stored::Swap { .. })));
+    assert_eq!(t.stats().cached_pages, 2);
+    // A pool past its accept threshold has no room.
+    t.set_max_pool_bytes(PAGE_SIZE);
+    assert!(t.pool_total_size() >= PAGE_SIZE, "{:?}", t.stats());
+    assert!(!t.pool_has_room(), "{:?}", t.stats());
+}
+
 /// A forked child takes its parent's pages by export and import: every
 /// kind (same-filled, compressed, raw, written back, stored by an older
 /// compressor) comes back bit for bit from the importing tier, objects of
