@@ -1351,3 +1351,154 @@ fn swap_refaults_move_the_pools_share_up_and_every_page_reads_back() {
     let bad: usize = (0..pages).map(|pg| check_page(&r, pg, pg as u32 + 1)).sum();
     assert_eq!(bad, 0, "{:?}", p.stats());
 }
+
+/// The words of the page at `addr` that differ from page `p` at version
+/// `v` (a page a partial mremap moved out of its region).
+fn check_page_at(addr: u64, p: usize, v: u32) -> usize {
+    // SAFETY: `addr` is a page of a live mapping of this test, reached only
+    // through atomics and the kernel while this borrow lives.
+    let w = unsafe { std::slice::from_raw_parts(addr as *const std::sync::atomic::AtomicU64, WORDS) };
+    (0..WORDS).filter(|&i| w[i].load(Ordering::Relaxed) != pages::word(p, v, i)).count()
+}
+
+/// A fresh mapping of `n` pages, forgotten (an mremap moves over it).
+fn fresh(n: usize) -> u64 {
+    let m = zmem_uffd::Mapping::new(n * PAGE_SIZE).unwrap();
+    let a = m.addr();
+    std::mem::forget(m);
+    a
+}
+
+/// Moves `n` pages at `from` over the mapping at `to` (mremap).
+fn move_to(from: u64, n: usize, to: u64) {
+    let len = n * PAGE_SIZE;
+    // SAFETY: moves pages of this test's region, reached only through
+    // atomics, over its own forgotten mapping.
+    let new =
+        unsafe { rustix::mm::mremap_fixed(from as *mut _, len, len, rustix::mm::MremapFlags::MAYMOVE, to as *mut _) };
+    assert_eq!(new.unwrap() as u64, to);
+}
+
+/// Two mremaps that each move part of one folio while reclaim is evicting
+/// it (two vectors glibc grows side by side, whose ends share a folio,
+/// moved at once): each part is a region of its own, whose folio waits
+/// for the evictor (Evicting) and is passed on when it finishes. The pager
+/// kept one such forward per folio, so the second mremap's replaced the
+/// first's: that part stayed Evicting for good, and the first fault on a
+/// page of it that had been evicted hung the program (`zmem run` of
+/// tests/data/mremap.c, once in CI). Here the parts are pages the tier
+/// still holds (a partial load left them there), so reading them faults.
+/// Also: a page of the first part moved on again while it waits (its
+/// forward is passed on in turn; it hung too), and a page of the second
+/// dropped while it waits (its entry went nowhere: it read back its old
+/// bytes instead of zeros). The eviction is slowed (`inject_move_delay`)
+/// so that all of it lands inside one. Checked: each of the three fails
+/// with the build before.
+#[test]
+fn two_parts_of_a_folio_moved_while_it_is_evicted_both_load_where_they_went() {
+    let _wd = watchdog("two forwards", 90);
+    let ppf = 16;
+    let cfg = PagerConfig {
+        folio_size: ppf * PAGE_SIZE,
+        // A fault loads its page alone: the rest of the folio stays in the tier.
+        fault_around: PAGE_SIZE,
+        read_ahead: 0,
+        inject_move_delay: Duration::from_millis(50),
+        ..PagerConfig::with_limit(4 << 20)
+    };
+    let p = Arc::new(Pager::new(cfg).unwrap());
+    let r = p.map(8 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while r.is_resident(0) && std::time::Instant::now() < deadline {
+        p.reclaim_now();
+    }
+    assert!(!r.is_resident(0), "folio 0 was never evicted: {:?}", p.stats());
+    // Page 0 alone comes back; pages 1..16 stay in the tier. (Reclaim
+    // may still be at work, and take the folio again.)
+    p.reclaim_now();
+    // Until it is Resident: while Evicting, page 0 may still be mapped
+    // (the evictor sleeps before its MOVE) and reads without a fault.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !r.is_resident(0) && std::time::Instant::now() < deadline {
+        assert_eq!(check_page(&r, 0, 1), 0);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(r.is_resident(0), "{:?}", p.stats());
+    // Folio 0 is now the coldest resident folio: reads elsewhere push it
+    // out, and the eviction that takes it sleeps with it Evicting.
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            for f in (1..pages / ppf).cycle().take(20 * pages / ppf) {
+                if let Some(pg) = (f * ppf..(f + 1) * ppf).find(|&pg| check_page(&r, pg, 1) != 0) {
+                    return Err(format!("page {pg} read back wrong"));
+                }
+                if !r.is_resident(0) {
+                    return Ok(());
+                }
+            }
+            Err(format!("folio 0 was never evicted again: {:?}", p.stats()))
+        });
+        while r.is_resident(0) && !reader.is_finished() {
+            std::hint::spin_loop();
+        }
+        assert!(!r.is_resident(0), "{:?}", reader.join());
+        // The mremaps while the evictor sleeps: each waits until the
+        // handler has read its event, which it does once the evictor's
+        // MOVE fails with EAGAIN and lets `events` go. The third moves on
+        // a page of the first's part: a folio waiting for its forward,
+        // moved on in turn.
+        let (x, y, z) = (fresh(3), fresh(3), fresh(1));
+        let base = r.addr();
+        let movers = [
+            s.spawn(move || move_to(base + 2 * PAGE_SIZE as u64, 3, x)),
+            s.spawn(move || move_to(base + 9 * PAGE_SIZE as u64, 3, y)),
+            s.spawn(move || {
+                // Once the kernel has moved the first part (its mremap
+                // still waits for the handler), its source is unmapped.
+                // SAFETY: msync only asks the kernel about the range.
+                while unsafe { libc::msync((base + 2 * PAGE_SIZE as u64) as *mut _, PAGE_SIZE, libc::MS_ASYNC) } == 0 {
+                    std::hint::spin_loop();
+                }
+                move_to(x + PAGE_SIZE as u64, 1, z)
+            }),
+            // And the program drops a page of the second part (its
+            // entry goes when the forward is passed on: read, it is zeros).
+            s.spawn(move || {
+                // SAFETY: as above.
+                while unsafe { libc::msync((base + 9 * PAGE_SIZE as u64) as *mut _, PAGE_SIZE, libc::MS_ASYNC) } == 0 {
+                    std::hint::spin_loop();
+                }
+                // SAFETY: a page of this test's, reached only through atomics.
+                let rc = unsafe { libc::madvise((y + PAGE_SIZE as u64) as *mut _, PAGE_SIZE, libc::MADV_DONTNEED) };
+                assert_eq!(rc, 0);
+            }),
+        ];
+        movers.into_iter().for_each(|m| m.join().unwrap());
+        reader.join().unwrap().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while p.stats().split_regions < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(p.stats().split_regions, 3, "{:?}", p.stats());
+        // Every moved page where it went: these faults hung.
+        let page = |a: u64, i: usize| a + (i * PAGE_SIZE) as u64;
+        for (at, pg) in [(page(x, 0), 2), (page(z, 0), 3), (page(x, 2), 4), (page(y, 0), 9), (page(y, 2), 11)] {
+            assert_eq!(check_page_at(at, pg, 1), 0, "page {pg}, moved to {at:#x}: {:?}", p.stats());
+        }
+        // SAFETY: as in `check_page_at`.
+        let dropped = unsafe { std::slice::from_raw_parts(page(y, 1) as *const std::sync::atomic::AtomicU64, WORDS) };
+        assert!(dropped.iter().all(|w| w.load(Ordering::Relaxed) == 0), "a dropped page came back: {:?}", p.stats());
+        // The rest of folio 0 stayed, and the rest of the region.
+        for pg in (0..pages).filter(|&pg| !(2..5).contains(&pg) && !(9..12).contains(&pg)) {
+            assert_eq!(check_page_at(page(base, pg), pg, 1), 0, "page {pg}");
+        }
+        for (a, n) in [(x, 3), (y, 3), (z, 1)] {
+            // SAFETY: the moved pages (and the hole in x), no longer used.
+            unsafe { rustix::mm::munmap(a as *mut _, n * PAGE_SIZE) }.unwrap();
+        }
+    });
+}

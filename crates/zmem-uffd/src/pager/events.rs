@@ -277,9 +277,11 @@ impl Inner {
                 Folio::Evicting => {
                     // Faults on it wait (Busy) until the evictor passes it on.
                     new.set_folio(j, Folio::Evicting);
-                    self.forwards
-                        .lock_ok()
-                        .insert((st.id, f), super::Forward { to: Arc::clone(&new), folio: j, moved });
+                    self.forwards.lock_ok().entry((st.id, f)).or_default().push(super::Forward {
+                        to: Arc::clone(&new),
+                        folio: j,
+                        moved,
+                    });
                 }
             }
             drop(g);
@@ -323,26 +325,53 @@ impl Inner {
         self.held_bytes.fetch_add(fs, Ordering::Relaxed);
     }
 
-    /// The evictor finished folio `f` of `st`, which a partial mremap
-    /// moved (all or part) while it was Evicting: the split-off region's
+    /// The evictor finished folio `f` of `st`, which partial mremaps
+    /// moved (all or part) while it was Evicting: each split-off region's
     /// folio becomes Evicted (its pages that were evicted have entries
     /// under the same keys; those the kernel moved are mapped there and a
     /// load steps over them), with its held pages. Called with `st`'s
     /// stripe lock for `f` held; returns what to finish once it is dropped.
-    pub(super) fn take_forward(&self, st: &RegionState, f: usize) -> Option<(Arc<RegionState>, usize)> {
-        let fw = self.forwards.lock_ok().remove(&(st.id, f))?;
-        self.split_held(st, f, &fw.to, fw.folio, &fw.moved);
-        Some((fw.to, fw.folio))
+    pub(super) fn take_forward(&self, st: &RegionState, f: usize) -> Vec<(Arc<RegionState>, usize)> {
+        let fws = self.forwards.lock_ok().remove(&(st.id, f)).unwrap_or_default();
+        fws.into_iter()
+            .map(|fw| {
+                self.split_held(st, f, &fw.to, fw.folio, &fw.moved);
+                (fw.to, fw.folio)
+            })
+            .collect()
     }
 
-    /// See [`take_forward`](Self::take_forward): under the new region's
-    /// stripe lock.
-    pub(super) fn finish_forward(&self, to: &RegionState, j: usize) {
-        let (lock, cv) = self.stripe(to, j);
-        let _g = lock.lock_ok();
-        if to.folio(j) == Folio::Evicting {
-            to.set_folio(j, Folio::Evicted);
+    /// See [`take_forward`](Self::take_forward): each under its region's
+    /// stripe lock, one at a time. A folio that was moved on while it
+    /// waited passes its own forwards on in turn. Pages the program
+    /// dropped from it meanwhile (`drop_range_in` left them to "the
+    /// evictor", as for any Evicting folio) lose their entries here, as
+    /// `finish` does for the evictor's own folio.
+    pub(super) fn finish_forward(&self, forwards: Vec<(Arc<RegionState>, usize)>) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let mut next = forwards;
+        while let Some((to, j)) = next.pop() {
+            let (lock, cv) = self.stripe(&to, j);
+            let g = lock.lock_ok();
+            if to.folio(j) == Folio::Evicting {
+                if let Some(dropped) = self.dropped.lock_ok().remove(&(to.id, j)) {
+                    let mut held = self.held.lock_ok();
+                    for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
+                        self.tier.invalidate(to.key(j * ppf + p));
+                        if let Some(h) = held.get_mut(&(to.id, j)) {
+                            h.present[p] = false;
+                        }
+                    }
+                    if held.get(&(to.id, j)).is_some_and(|h| !h.present.contains(&true)) {
+                        held.remove(&(to.id, j));
+                        self.held_bytes.fetch_sub(self.cfg.folio_size, Ordering::Relaxed);
+                    }
+                }
+                to.set_folio(j, Folio::Evicted);
+            }
+            next.extend(self.take_forward(&to, j));
+            cv.notify_all();
+            drop(g);
         }
-        cv.notify_all();
     }
 }

@@ -211,10 +211,13 @@ struct Inner {
     /// dropping (`dropping`), so a page it dropped never comes back.
     held: Mutex<HashMap<(u32, usize), Held>>,
     /// Folios that were Evicting when a partial mremap moved them (all or
-    /// part) into a split-off region: by (region id, folio), the new
-    /// region's folio and which pages moved. The evictor passes the folio
-    /// on when it finishes (`events.rs`).
-    forwards: Mutex<HashMap<(u32, usize), Forward>>,
+    /// part) into a split-off region: by (region id, folio), each new
+    /// region's folio and which pages moved there. The evictor passes the
+    /// folio on when it finishes (`events.rs`). Several: two mremaps can
+    /// move two parts of one folio while it is evicted; and a folio waiting
+    /// for its forward can itself be moved on (its forwards are passed on
+    /// in turn).
+    forwards: Mutex<HashMap<(u32, usize), Vec<Forward>>>,
     held_bytes: AtomicUsize,
     /// Written by a handler from reading a batch of events until it has
     /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`) and

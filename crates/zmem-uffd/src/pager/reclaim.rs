@@ -689,8 +689,8 @@ impl Inner {
         let forward = self.take_forward(st, f);
         cv.notify_all();
         drop(g);
-        if let Some((to, j)) = forward {
-            self.finish_forward(&to, j);
+        if !forward.is_empty() {
+            self.finish_forward(forward);
         }
     }
 }
