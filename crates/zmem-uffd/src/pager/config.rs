@@ -147,6 +147,11 @@ pub struct PagerConfig {
     /// REMOVE must never slip through (`copy_folio`).
     #[doc(hidden)]
     pub inject_copy_delay: Duration,
+    /// Fault injection for tests: reclaim sleeps this long after its MOVEs
+    /// and before it stores the pass, its folios Evicting and `events` not
+    /// held, so that events (an mremap's REMAP, a REMOVE) find them so.
+    #[doc(hidden)]
+    pub inject_store_delay: Duration,
 }
 
 /// Which of the program's mappings a scan adopts, and how often it looks.
@@ -225,6 +230,7 @@ impl PagerConfig {
             fault_around: defaults::FAULT_AROUND_BYTES,
             inject_move_delay: Duration::ZERO,
             inject_copy_delay: Duration::ZERO,
+            inject_store_delay: Duration::ZERO,
             inject_adopt_delay: Duration::ZERO,
         }
     }

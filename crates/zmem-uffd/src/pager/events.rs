@@ -354,7 +354,8 @@ impl Inner {
             let (lock, cv) = self.stripe(&to, j);
             let g = lock.lock_ok();
             if to.folio(j) == Folio::Evicting {
-                if let Some(dropped) = self.dropped.lock_ok().remove(&(to.id, j)) {
+                let dropped = self.dropped.lock_ok().remove(&(to.id, j));
+                if let Some(dropped) = dropped {
                     let mut held = self.held.lock_ok();
                     for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
                         self.tier.invalidate(to.key(j * ppf + p));

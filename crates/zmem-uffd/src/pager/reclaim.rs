@@ -335,6 +335,9 @@ impl Inner {
             }
         }
         let n = moved.len();
+        if n > 0 && !self.cfg.inject_store_delay.is_zero() {
+            std::thread::sleep(self.cfg.inject_store_delay);
+        }
         if n > 0 {
             // The pages are out of the program (usage fell at isolation):
             // a fault waiting in `throttle` goes on now, not when the pass
