@@ -341,38 +341,28 @@ impl Inner {
             .collect()
     }
 
-    /// See [`take_forward`](Self::take_forward): each under its region's
-    /// stripe lock, one at a time. A folio that was moved on while it
-    /// waited passes its own forwards on in turn. Pages the program
+    /// See [`take_forward`](Self::take_forward): each is finished as the
+    /// evictor finishes its own folio (`finish`), so pages the program
     /// dropped from it meanwhile (`drop_range_in` left them to "the
-    /// evictor", as for any Evicting folio) lose their entries here, as
-    /// `finish` does for the evictor's own folio.
+    /// evictor", as for any Evicting folio) lose their entries and held
+    /// pages, and a folio moved on while it waited passes its own forwards
+    /// on in turn.
     pub(super) fn finish_forward(&self, forwards: Vec<(Arc<RegionState>, usize)>) {
-        let ppf = self.cfg.folio_size / PAGE_SIZE;
-        let mut next = forwards;
-        while let Some((to, j)) = next.pop() {
-            let (lock, cv) = self.stripe(&to, j);
-            let g = lock.lock_ok();
-            if to.folio(j) == Folio::Evicting {
-                let dropped = self.dropped.lock_ok().remove(&(to.id, j));
-                if let Some(dropped) = dropped {
-                    let mut held = self.held.lock_ok();
-                    for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {
-                        self.tier.invalidate(to.key(j * ppf + p));
-                        if let Some(h) = held.get_mut(&(to.id, j)) {
-                            h.present[p] = false;
-                        }
-                    }
-                    if held.get(&(to.id, j)).is_some_and(|h| !h.present.contains(&true)) {
-                        held.remove(&(to.id, j));
-                        self.held_bytes.fetch_sub(self.cfg.folio_size, Ordering::Relaxed);
+        for (to, j) in forwards {
+            self.finish(&to, j, |dropped| {
+                let mut held = self.held.lock_ok();
+                if let Some(h) = held.get_mut(&(to.id, j)) {
+                    h.present.iter_mut().zip(dropped).for_each(|(p, &d)| *p &= !d);
+                    let empty = !h.present.contains(&true);
+                    drop(held);
+                    if empty {
+                        self.unhold(&to, j);
                     }
                 }
-                to.set_folio(j, Folio::Evicted);
-            }
-            next.extend(self.take_forward(&to, j));
-            cv.notify_all();
-            drop(g);
+                if to.folio(j) == Folio::Evicting {
+                    to.set_folio(j, Folio::Evicted);
+                }
+            });
         }
     }
 }
