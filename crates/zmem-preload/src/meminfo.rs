@@ -127,7 +127,7 @@ fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     // Reopened read-only: a write fails, as on the real file, and the
     // offset starts at 0.
     let mut path = [0u8; 40];
-    write!(&mut path[..], "/proc/self/fd/{}\0", memfd.as_raw_fd()).ok()?;
+    write!(&mut path[..], "/proc/thread-self/fd/{}\0", memfd.as_raw_fd()).ok()?;
     let path = CStr::from_bytes_until_nul(&path).ok()?;
     let flags = if cloexec { OFlags::RDONLY | OFlags::CLOEXEC } else { OFlags::RDONLY };
     let fd = rustix::fs::open(path, flags, Mode::empty()).ok()?;

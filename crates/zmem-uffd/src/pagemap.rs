@@ -129,7 +129,7 @@ impl PageMap {
 fn open_pagemap() -> Result<zmem_common::fds::KeptFd, UffdError> {
     use rustix::fs::{Mode, OFlags};
     zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, Errno::AGAIN, || {
-        rustix::fs::open("/proc/self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        rustix::fs::open("/proc/thread-self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
     .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })
 }

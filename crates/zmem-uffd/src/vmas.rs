@@ -86,16 +86,22 @@ impl Vma {
 /// open (`zmem_common::fds`): a program's `closefrom(3)` on another thread
 /// would otherwise close it under a scan (EBADF), and the program's next
 /// file could take its number, to be queried and closed by us.
+///
+/// Opened as `/proc/thread-self/maps`, as are the other per-process files
+/// zmem reads (`statm`, `status`, `pagemap`, `fd/`): `/proc/self` is the
+/// main thread, which has no memory of its own once it has ended
+/// (`pthread_exit` from `main`, while other threads run on). Every scan
+/// then failed (ESRCH) and `statm` read zeros.
 fn open_maps(wait: Wait) -> Result<zmem_common::fds::KeptFd, Errno> {
     use rustix::fs::{Mode, OFlags};
     zmem_common::fds::open_kept(wait, Errno::AGAIN, || {
-        rustix::fs::open("/proc/self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        rustix::fs::open("/proc/thread-self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
 }
 
 /// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11).
 fn read_maps(wait: Wait) -> Result<String, Errno> {
-    zmem_common::fds::read_to_string(wait, std::path::Path::new("/proc/self/maps")).map_err(|e| {
+    zmem_common::fds::read_to_string(wait, std::path::Path::new("/proc/thread-self/maps")).map_err(|e| {
         if e.kind() == std::io::ErrorKind::WouldBlock {
             Errno::AGAIN
         } else {
@@ -357,7 +363,7 @@ mod tests {
         let m = crate::Mapping::new(3 << 20).unwrap();
         let (a, b) = (m.addr(), m.addr() + (3 << 20));
         let q = mappings().unwrap();
-        let t = parse_maps(&std::fs::read_to_string("/proc/self/maps").unwrap()).unwrap();
+        let t = parse_maps(&std::fs::read_to_string("/proc/thread-self/maps").unwrap()).unwrap();
         for v in [&q, &t] {
             let hit = v.iter().find(|v| v.start <= a && b <= v.end).expect("the mapping is listed");
             assert!(hit.is_private_anon_rw(), "{hit:?}");

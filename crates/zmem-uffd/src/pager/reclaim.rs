@@ -45,7 +45,7 @@ impl Inner {
         let statm = self.cfg.adopt.as_ref().and_then(|_| {
             use rustix::fs::{Mode, OFlags};
             zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
-                rustix::fs::open("/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+                rustix::fs::open("/proc/thread-self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
             })
             .ok()
         });
