@@ -2458,3 +2458,205 @@ fn guile_with_boehms_collector_over_a_heap_4x_the_limit_reads_everything_back() 
 "#;
     same_as_native("guile", "32M", &["guile", "--no-auto-compile", "-c", scm], "guile ok 96000000", 2000, 300);
 }
+
+/// `main` ends with `pthread_exit` and a worker thread writes 4x the limit:
+/// with the main thread gone, `/proc/self` has no memory (every scan for
+/// mappings failed, ESRCH, so nothing was adopted), and when the worker
+/// returned, zmem's threads alone kept the process alive as a zombie with
+/// threads: `zmem run` waited for good. Now the process is managed, and
+/// it ends with the worker, with the status it would have without zmem.
+#[test]
+fn a_program_whose_main_thread_exits_first_is_managed_and_ends_with_its_last_thread() {
+    let exe = compile_c_with("main_exits", &["-pthread"]);
+    let stats = tmpdir("main-exits-stats");
+    let o = zmem(
+        &["run", "--limit", "32M", "--", exe.to_str().unwrap()],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "50")],
+        120,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("worker: 0 bad words"), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("failed"), "{}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
+}
+
+/// Debian's python3 with libseccomp's bindings (python3-seccomp).
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// A program that loads a seccomp filter with `TSYNC` puts zmem's threads
+/// under it too: this one kills a thread at `ioctl` or `pwrite64`, so
+/// zmem's handler died at its next `UFFDIO_COPY` and the program's next
+/// fault waited for good. libseccomp installs it through glibc's `syscall`.
+/// The shim gives the memory back first; the program reads back what it
+/// wrote before and after, and says so with a warning.
+#[test]
+fn a_program_that_loads_a_seccomp_filter_for_all_its_threads_gets_its_memory_back_first() {
+    let stats = tmpdir("tsync-stats");
+    let py = "import os, seccomp\n\
+              b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+              f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)\n\
+              for call in ('ioctl', 'pwrite64', 'unlink'):\n    f.add_rule(seccomp.KILL, call)\n\
+              f.set_attr(seccomp.Attr.CTL_TSYNC, 1)\n\
+              f.load()\n\
+              c = [bytearray(os.urandom(64) * 16384) for _ in range(32)]\n\
+              print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b + c), flush=True)\n";
+    let o = zmem(
+        &["run", "--limit", "32M", "--", SYSTEM_PYTHON, "-c", py],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "20")],
+        120,
+    );
+    assert!(o.status.success(), "python3-seccomp (.ci/run installs it): {}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok True"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("puts itself under a seccomp filter"), "{}", text(&o));
+    // Managed before the filter: 96 MiB under 32M.
+    assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
+}
+
+/// A filter the shim does not see (installed through the C library's own
+/// `syscall`, as a raw system call would be) kills the program's only
+/// thread (`SECCOMP_RET_KILL` kills a thread): without zmem that ends the
+/// process with SIGSYS. zmem's threads kept it alive, a zombie with
+/// threads, and `zmem run` waited for good. Now the process ends as it
+/// would have: killed by SIGSYS (`zmem run` exits with 128 + 31).
+#[test]
+fn a_thread_its_own_filter_kills_ends_the_process_as_it_would_without_zmem() {
+    let py = "import ctypes, os, seccomp, tempfile\n\
+              b = [bytearray(os.urandom(64) * 16384) for _ in range(64)]\n\
+              f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)\n\
+              f.add_rule(seccomp.KILL, 'getppid')\n\
+              t = tempfile.TemporaryFile()\n\
+              f.export_bpf(t)\n\
+              t.seek(0)\n\
+              code = t.read()\n\
+              class Prog(ctypes.Structure):\n    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n\
+              buf = ctypes.create_string_buffer(code, len(code))\n\
+              p = Prog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))\n\
+              libc = ctypes.CDLL('libc.so.6')\n\
+              print('filter', libc.syscall(317, 1, 0, ctypes.byref(p)), flush=True)\n\
+              os.getppid()\n\
+              print('not reached', flush=True)\n";
+    let o = zmem(&["run", "--limit", "32M", "--", SYSTEM_PYTHON, "-c", py], &[], 120);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("filter 0") && !out.contains("not reached"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(128 + libc::SIGSYS), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("killed by signal 31"), "{}", text(&o));
+}
+
+/// OpenSSH's server, a forking server that sandboxes its
+/// pre-authentication child: `RLIMIT_FSIZE` and `RLIMIT_NOFILE` set to 0,
+/// then a seccomp filter that kills the thread at any call it does not
+/// list. The shim's `unlink` of its stats file at that child's exit was
+/// such a call: zmem's threads kept the child alive, and every `ssh` hung
+/// after authentication. Three logins each run python3, which writes 4x
+/// the limit under the same tree and hashes it.
+#[test]
+fn ssh_logins_to_a_server_under_zmem_run_run_their_commands_and_end() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: sshd's privilege separation needs root");
+        return;
+    }
+    let dir = tmpdir("sshd");
+    for key in ["host", "user"] {
+        let st = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(dir.join(key))
+            .status()
+            .expect("ssh-keygen (.ci/run installs openssh-client)");
+        assert!(st.success());
+    }
+    std::fs::copy(dir.join("user.pub"), dir.join("authorized_keys")).unwrap();
+    let port = 30000 + std::process::id() % 20000;
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nPermitRootLogin yes\n\
+         AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\nUsePAM no\n\
+         PidFile {d}/sshd.pid\n",
+        d = dir.display()
+    );
+    std::fs::write(dir.join("sshd_config"), config).unwrap();
+    // sshd's privilege separation directory, made by its service otherwise.
+    let privsep = Path::new("/run/sshd");
+    let made = !privsep.exists();
+    if made {
+        std::fs::create_dir(privsep).unwrap();
+    }
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+    c.args(["run", "--limit", "64M", "--", "/usr/sbin/sshd", "-D", "-e", "-f"]).arg(dir.join("sshd_config"));
+    // The stats in the user's default directory, where each file goes at
+    // its process's exit (with `ZMEM_STATS_DIR` it stays, and the child's
+    // exit made no call its filter forbids).
+    c.env("ZMEM_PRELOAD", preload()).env_remove("ZMEM_STATS_DIR");
+    let log = dir.join("sshd.log");
+    c.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    let mut server = c.spawn().expect("zmem run -- /usr/sbin/sshd (.ci/run installs openssh-server)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port as u16)).is_err() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(server.try_wait().unwrap().is_none(), "sshd exited at start: {log}");
+        assert!(Instant::now() < deadline, "sshd did not listen in 30 s: {log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its resident memory last: under the 64M limit, well below the 256 MiB
+    // it wrote.
+    let py = "import hashlib\n\
+              b = bytearray(256 << 20)\n\
+              for i in range(0, len(b), 4096): b[i] = i // 4096 % 251\n\
+              print(\"sha\", hashlib.sha256(b).hexdigest())\n\
+              print(\"rss\", [l.split()[1] for l in open(\"/proc/self/status\") if l.startswith(\"VmRSS\")][0])\n";
+    // The same, without zmem.
+    let native = Command::new("python3").args(["-c", py]).output().unwrap();
+    let native = String::from_utf8_lossy(&native.stdout).to_string();
+    let want = native.lines().next().unwrap_or_default().to_string();
+    assert!(want.starts_with("sha "), "{native}");
+    let mut outs = Vec::new();
+    for _ in 0..3 {
+        let mut ssh = Command::new("ssh");
+        ssh.args(["-q", "-p", &port.to_string(), "-i"]).arg(dir.join("user"));
+        ssh.args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]);
+        ssh.arg("root@127.0.0.1").arg(format!("python3 -c '{py}'"));
+        ssh.stdout(Stdio::piped()).stderr(Stdio::piped());
+        std::os::unix::process::CommandExt::process_group(&mut ssh, 0);
+        let mut child = ssh.spawn().expect("ssh");
+        let read = |r: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_string(&mut s);
+                }
+                s
+            })
+        };
+        let (out, err) =
+            (read(child.stdout.take().map(|p| Box::new(p) as _)), read(child.stderr.take().map(|p| Box::new(p) as _)));
+        let hung = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_or_kill_group(&mut child, 120, "ssh");
+        }));
+        let status = child.wait().unwrap();
+        let (out, err) = (out.join().unwrap(), err.join().unwrap());
+        if hung.is_err() {
+            outs.push(format!("hung; server: {}", group_threads(server.id())));
+            break;
+        }
+        outs.push(format!("{status}: {out}{err}"));
+    }
+    // SAFETY: signals the process group this test made; kill(2) touches no
+    // memory of ours.
+    unsafe { libc::kill(-(server.id() as i32), libc::SIGTERM) };
+    let _ = server.wait();
+    // And what is left of the group: a hung child (zmem's threads block
+    // SIGTERM) would stay behind.
+    // SAFETY: as above.
+    unsafe { libc::kill(-(server.id() as i32), libc::SIGKILL) };
+    if made {
+        let _ = std::fs::remove_dir(privsep);
+    }
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(outs.len(), 3, "{outs:?}\n{log}");
+    for o in &outs {
+        assert!(o.starts_with("exit status: 0") && o.contains(&want), "{outs:?}\n{log}");
+        // What the sessions started was managed, under the server's limit.
+        let rss: u64 = o.split("rss ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+        assert!(rss > 0 && rss < 160 << 10, "VmRSS {rss} kB: {outs:?}\n{log}");
+    }
+}

@@ -373,10 +373,67 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
         return f();
     }
     let Some(old) = current().filter(|_| !others_than_zmem()) else { return f() };
-    let inherited = guarded(|| {
+    let inherited = let_go(old);
+    // The io_uring workers of the swap file the pager closed end on their own.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while threads() > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let r = f();
+    take_back(old, inherited);
+    r
+}
+
+/// Runs `f`, a call that puts this process under a seccomp filter
+/// (`sandbox.rs`), with no thread of zmem's left: the memory is given back
+/// as in [`single_threaded`], the stats file goes, and the process stays
+/// unmanaged after, as do the children it forks. Where `failed` says the
+/// call installed nothing, a new pager takes the memory back. Other
+/// threads of the program may run meanwhile: they wait at the table for
+/// their own munmaps, and the handler serves their faults until every
+/// region is whole.
+pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
+    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
+        return f();
+    }
+    let Some(old) = current() else { return f() };
+    // Said now: once the filter is in, even a write to stderr may be
+    // forbidden. And only where this thread may write to a file: OpenSSH's
+    // pre-authentication child sets `RLIMIT_FSIZE` to 0 first, and a write
+    // to its log file (`sshd -e` into a file) would end it with SIGXFSZ.
+    let mut fsize = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given, which is ours.
+    let may_write =
+        unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut fsize) } == 0 && fsize.rlim_cur == libc::RLIM_INFINITY;
+    if may_write {
+        warn_unmanaged(
+            &old.settings,
+            Warning::Sandboxed,
+            format_args!(
+                "{} puts itself under a seccomp filter, which may forbid the calls zmem makes on its \
+             threads (with TSYNC, on zmem's own): zmem gives its memory back first",
+                program()
+            ),
+        );
+    }
+    let inherited = let_go(old);
+    crate::stats::remove_for_good();
+    let r = f();
+    if failed(&r) {
+        crate::stats::not_gone();
+        take_back(old, inherited);
+    }
+    r
+}
+
+/// Lets `old`, this process's running shim, go (`Pager::let_go`): from
+/// here the process has no shim, nothing new is managed, and zmem's
+/// threads (the stats thread too) are joined. Returns what it managed,
+/// plain memory now: (start, length).
+fn let_go(old: &'static Shim) -> Vec<(usize, usize)> {
+    guarded(|| {
         zmem_uffd::unhold_current_thread();
         let mut table = REGIONS.write_ok();
-        // From here this process has no shim: nothing new is managed.
         CURRENT.store(std::ptr::null_mut(), Ordering::Release);
         crate::stats::stop_thread();
         // SAFETY: the old shim is leaked (CURRENT no longer points to it)
@@ -395,13 +452,11 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
         }
         inherited
     })
-    .unwrap_or_default();
-    // The io_uring workers of the swap file the pager closed end on their own.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while threads() > 1 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    let r = f();
+    .unwrap_or_default()
+}
+
+/// A new pager, under `old`'s settings, adopts what [`let_go`] gave back.
+fn take_back(old: &'static Shim, inherited: Vec<(usize, usize)>) {
     let _ = guarded(|| {
         let Some(s) = start(old.settings.clone(), None) else { return };
         for (start, cap) in inherited {
@@ -411,7 +466,6 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
         }
         install(s);
     });
-    r
 }
 
 /// Whether a thread other than the caller and zmem's (`zmem-*`, and the

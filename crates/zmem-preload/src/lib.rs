@@ -66,6 +66,7 @@ mod malloc;
 mod meminfo;
 mod mmap;
 mod next;
+mod sandbox;
 mod stats;
 mod sysmem;
 mod threads;

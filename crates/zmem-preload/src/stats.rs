@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, TryLockError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zmem_common::{stats_files, LockExt};
 
@@ -60,52 +60,83 @@ static DIR: Mutex<Option<CString>> = Mutex::new(None);
 /// `zmem_common::stats_files`), in the directory `named` by
 /// `ZMEM_STATS_DIR` or else the effective user's default one: a forked
 /// child that drops privileges before it execs (`runuser`, `su`) goes on
-/// writing in its new user's.
+/// writing in its new user's. Once a second, too, the thread looks for a
+/// process whose program threads are all gone (`sandbox::program_gone`),
+/// and ends it; that goes on after an error stops the stats.
 pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     let pid = std::process::id();
     // The directory made ready, and for which effective user.
     let mut ready: Option<(u32, PathBuf)> = None;
+    let mut writes = true;
+    let mut due = Instant::now();
     loop {
         if STOP.load(Ordering::SeqCst) {
             return;
         }
-        if let Some(s) = current() {
-            let euid = euid();
-            if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
-                if let Some((_, old)) = &ready {
-                    // Where the old user's rights still reach it.
-                    let _ = std::fs::remove_file(stats_files::path(old, pid));
-                }
-                match prepare(named, euid, pid) {
-                    Ok(d) => ready = Some((euid, d)),
-                    Err(e) => {
-                        log::warn!("no stats file: {e}");
-                        return;
-                    }
-                }
-            }
-            let dir = &ready.as_ref().expect("made ready above").1;
-            let mem = ProcMem::now();
-            warn_shared_once(mem.shmem, s.settings.limit);
-            let json = stats_json_with(s, mem);
-            // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
-            // or the handler sees WRITING and waits for the rename.
-            WRITING.store(true, Ordering::SeqCst);
-            if EXITING.load(Ordering::SeqCst) {
-                WRITING.store(false, Ordering::SeqCst);
-                return;
-            }
-            let r = stats_files::write(dir, pid, &json);
-            WRITING.store(false, Ordering::SeqCst);
-            if let Err(e) = r {
-                log::warn!("stats file {}: {e}; no more stats", stats_files::path(dir, pid).display());
-                return;
+        if let Some(status) = crate::sandbox::program_gone() {
+            crate::sandbox::end_as_the_program_did(status);
+        }
+        if writes && Instant::now() >= due {
+            due = Instant::now() + interval;
+            match write_once(named, pid, &mut ready) {
+                Next::Again => {}
+                Next::NoMore => writes = false,
+                Next::Exiting => return,
             }
         }
         // Before it sleeps (`zmem_common::tls`).
         zmem_common::tls::keep_resident();
-        std::thread::park_timeout(interval);
+        let until_due = due.saturating_duration_since(Instant::now());
+        std::thread::park_timeout(if writes { until_due.min(WATCH) } else { WATCH });
     }
+}
+
+/// How often the stats thread looks for a program that is gone.
+const WATCH: Duration = Duration::from_secs(1);
+
+/// What follows a write of the stats file.
+enum Next {
+    Again,
+    /// An error: no more stats.
+    NoMore,
+    /// The process runs its exit handlers.
+    Exiting,
+}
+
+fn write_once(named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
+    let Some(s) = current() else { return Next::Again };
+    let euid = euid();
+    if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
+        if let Some((_, old)) = &ready {
+            // Where the old user's rights still reach it.
+            let _ = std::fs::remove_file(stats_files::path(old, pid));
+        }
+        match prepare(named, euid, pid) {
+            Ok(d) => *ready = Some((euid, d)),
+            Err(e) => {
+                log::warn!("no stats file: {e}");
+                return Next::NoMore;
+            }
+        }
+    }
+    let dir = &ready.as_ref().expect("made ready above").1;
+    let mem = ProcMem::now();
+    warn_shared_once(mem.shmem, s.settings.limit);
+    let json = stats_json_with(s, mem);
+    // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
+    // or the handler sees WRITING and waits for the rename.
+    WRITING.store(true, Ordering::SeqCst);
+    if EXITING.load(Ordering::SeqCst) {
+        WRITING.store(false, Ordering::SeqCst);
+        return Next::Exiting;
+    }
+    let r = stats_files::write(dir, pid, &json);
+    WRITING.store(false, Ordering::SeqCst);
+    if let Err(e) = r {
+        log::warn!("stats file {}: {e}; no more stats", stats_files::path(dir, pid).display());
+        return Next::NoMore;
+    }
+    Next::Again
 }
 
 /// Makes the stats directory ready for a process of `euid`: the one
@@ -144,6 +175,11 @@ pub(crate) fn after_fork_in_child() {
 /// must not hold up the exit), so that no rename brings the file back.
 /// No allocation: the program may exit with any lock held.
 pub(crate) extern "C" fn remove_at_exit() {
+    // Gone already (`remove_for_good`): a seccomp filter may forbid the
+    // unlink now.
+    if GONE.swap(true, Ordering::SeqCst) {
+        return;
+    }
     EXITING.store(true, Ordering::SeqCst);
     for _ in 0..200 {
         if !WRITING.load(Ordering::SeqCst) {
@@ -171,6 +207,23 @@ pub(crate) extern "C" fn remove_at_exit() {
     }
 }
 
+/// The stats file was removed for good: the exit handler does nothing.
+static GONE: AtomicBool = AtomicBool::new(false);
+
+/// Removes this process's stats file now, for good: the process leaves zmem
+/// (`init::sandboxed`), and its exit handler may not be allowed to. The
+/// stats thread must be stopped.
+pub(crate) fn remove_for_good() {
+    remove_at_exit();
+}
+
+/// The call that the file went for failed: the process stays with zmem,
+/// and the next stats thread writes the file again.
+pub(crate) fn not_gone() {
+    GONE.store(false, Ordering::SeqCst);
+    EXITING.store(false, Ordering::SeqCst);
+}
+
 /// This process's resident memory, from `/proc/self/status` (0 where it
 /// cannot be read).
 #[derive(Debug, Clone, Copy)]
@@ -186,7 +239,7 @@ pub(crate) struct ProcMem {
 
 impl ProcMem {
     pub(crate) fn now() -> ProcMem {
-        let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/status".as_ref())
+        let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/status".as_ref())
             .unwrap_or_default();
         let kb = |key| zmem_common::kb_field(&t, key).unwrap_or(0);
         ProcMem { rss: kb("VmRSS:"), shmem: kb("RssShmem:") }

@@ -75,6 +75,8 @@ pub enum Warning {
     SoftLimit = 0,
     /// A process runs unmanaged: it runs under Valgrind.
     OnValgrind = 1,
+    /// A process runs unmanaged: it put itself under a seccomp filter.
+    Sandboxed = 2,
 }
 
 /// A mapped segment.
@@ -139,7 +141,7 @@ fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
         Err(rustix::io::Errno::NOENT) => None,
         Err(_) => return None,
     };
-    let names = zmem_common::fds::dir_names(zmem_common::fds::Wait::Yes, Path::new("/proc/self/fd")).ok()?;
+    let names = zmem_common::fds::dir_names(zmem_common::fds::Wait::Yes, Path::new("/proc/thread-self/fd")).ok()?;
     let fds: Vec<std::os::fd::RawFd> = names.iter().filter_map(|n| n.to_str().and_then(|n| n.parse().ok())).collect();
     let fd = fds.into_iter().find(|&fd| {
         // SAFETY: fstat on a number that may be closed meanwhile reads
@@ -150,7 +152,7 @@ fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
             st.st_size == SIZE as i64
                 && match want {
                     Some(w) => st.st_dev == w.st_dev && st.st_ino == w.st_ino,
-                    None => std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| l == path),
+                    None => std::fs::read_link(format!("/proc/thread-self/fd/{fd}")).is_ok_and(|l| l == path),
                 }
         })
     })?;

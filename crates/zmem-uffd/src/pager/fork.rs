@@ -115,6 +115,11 @@ impl Pager {
         for t in self.threads.lock_ok().drain(..) {
             let _ = t.join();
         }
+        // What was managed is the program's now: outside the tree's count
+        // until a new pager takes the slot over.
+        if let Some(m) = &inner.member {
+            m.publish(0, 0);
+        }
         // SAFETY: no thread of this pager is left to use its descriptors,
         // and the caller's contract: it is never used again.
         unsafe { self.abandon_in_child() };

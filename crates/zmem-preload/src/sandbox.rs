@@ -1,0 +1,217 @@
+//! seccomp: a program that puts itself under a filter leaves zmem first.
+//!
+//! A filter applies to the thread that installs it (with
+//! `SECCOMP_FILTER_FLAG_TSYNC`, to every thread of the process, zmem's
+//! too), and zmem cannot know which calls it allows. The shim makes calls
+//! of its own on the program's threads: `unlink` of the stats file at the
+//! exit, the userfaultfd ioctls of a new mapping, `madvise` and `mprotect`
+//! at a partial munmap. OpenSSH's pre-authentication child kills the thread
+//! that makes any call its filter does not list (`SECCOMP_RET_KILL`, which
+//! kills the thread alone): the exit handler's `unlink` killed its only
+//! thread, zmem's threads kept the process alive as a zombie with threads,
+//! and the privileged monitor waited for it for good. Every `ssh` to a
+//! server under `zmem run` hung after authentication. A TSYNC filter that
+//! forbids `ioctl` would stop zmem's handler at its next `UFFDIO_COPY`,
+//! and the program's next fault with it.
+//!
+//! So a call that installs a filter (`prctl(PR_SET_SECCOMP)`, or the
+//! `seccomp` system call through glibc's `syscall`, which libseccomp
+//! uses) first gives the memory back and stops zmem's threads
+//! (`init::sandboxed`, as `unshare` does), and removes the stats file. The
+//! process then runs unmanaged, as do the children it forks; a program it
+//! execs starts a shim of its own, under the filter (a filter that returns
+//! an error, as container runtimes' do, turns that shim off). Should the
+//! call fail, nothing was installed, and a new pager takes the memory back.
+//! A call that cannot install anything (libseccomp's probes pass no
+//! program) goes straight to the kernel.
+//!
+//! Filters in place before the shim starts (a container's) are left alone:
+//! where they forbid what the pager needs at its start, it does not start.
+//! Not covered: a filter installed by a raw `syscall` instruction
+//! (Chromium's sandbox, Go's runtime), which no library call sees.
+//!
+//! Whatever killed the program's last thread, zmem's threads must not keep
+//! the process alive: the stats thread ends it as the kernel would have
+//! ([`program_gone`], [`end_as_the_program_did`]).
+
+use std::ffi::{c_int, c_long, c_ulong};
+
+/// `seccomp(2)`'s operations that install something.
+const SECCOMP_SET_MODE_STRICT: c_long = 0;
+const SECCOMP_SET_MODE_FILTER: c_long = 1;
+/// `prctl(PR_SET_SECCOMP, mode)`'s modes.
+const PRCTL_MODE_STRICT: c_ulong = 1;
+const PRCTL_MODE_FILTER: c_ulong = 2;
+
+/// Whether `seccomp(op, flags, args)` may install a filter or strict mode:
+/// strict mode takes no flags and no arguments, a filter takes a program.
+fn installs(op: c_long, flags: c_long, args: c_long) -> bool {
+    match op {
+        SECCOMP_SET_MODE_STRICT => flags == 0 && args == 0,
+        SECCOMP_SET_MODE_FILTER => args != 0,
+        _ => false,
+    }
+}
+
+/// `prctl`, which C declares variadic: the x86-64 argument registers are
+/// the same for a fixed callee (as for `mremap`). Only `PR_SET_SECCOMP` is
+/// looked at; the rest is the kernel's, as glibc passes it.
+#[no_mangle]
+pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
+    // SAFETY: the kernel's prctl with the caller's arguments.
+    let call = || unsafe { libc::syscall(libc::SYS_prctl, option, a2, a3, a4, a5) } as c_int;
+    let sets = option == libc::PR_SET_SECCOMP && (a2 == PRCTL_MODE_STRICT || (a2 == PRCTL_MODE_FILTER && a3 != 0));
+    if sets {
+        crate::init::sandboxed(call, |&r| r != 0)
+    } else {
+        call()
+    }
+}
+
+/// glibc's `syscall`, through which libseccomp installs its filters. Every
+/// other call (the shim's own and the Rust runtime's too, which bind here)
+/// is made as glibc makes it: the `syscall` instruction, and `-1` with
+/// `errno` for a result in `[-4095, -1]`.
+#[cfg(target_arch = "x86_64")]
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    // SAFETY: the caller's system call with the caller's arguments, as
+    // glibc's `syscall` would make it.
+    let call = || unsafe { raw(n, [a1, a2, a3, a4, a5, a6]) };
+    if n == libc::SYS_seccomp && installs(a1, a2, a3) {
+        crate::init::sandboxed(call, |&r| r < 0)
+    } else {
+        call()
+    }
+}
+
+/// The system call `n`.
+///
+/// # Safety
+/// What the call does with its arguments is the caller's to answer for.
+#[cfg(target_arch = "x86_64")]
+unsafe fn raw(n: c_long, a: [c_long; 6]) -> c_long {
+    let r: c_long;
+    // SAFETY: the kernel's x86-64 calling convention: the number in rax,
+    // the arguments in rdi, rsi, rdx, r10, r8 and r9, the result in rax;
+    // rcx and r11 are overwritten. No stack is used. What the call touches
+    // is the caller's contract.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") n => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if (-4095..0).contains(&r) {
+        crate::init::set_errno(-r as c_int);
+        return -1;
+    }
+    r
+}
+
+/// The wait status the program left, where only zmem's threads keep this
+/// process alive: the main thread is a zombie and no other thread but
+/// zmem's is left. A thread that a filter killed alone (`SECCOMP_RET_KILL`
+/// is `SECCOMP_RET_KILL_THREAD`) ends a process of one thread; zmem's
+/// threads would keep it, a zombie with threads, and its parent would wait
+/// for good. The same holds when the program's last thread ends by
+/// `pthread_exit`. As the kernel reports the main thread's status at the
+/// end (field 52 of `/proc/self/stat`), that is what is returned.
+pub(crate) fn program_gone() -> Option<u32> {
+    let me = std::process::id();
+    let stat = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/stat".as_ref()).ok()?;
+    // After the name in parentheses, which may hold anything: field 3 on.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    if fields.first() != Some(&"Z") {
+        return None;
+    }
+    let tasks = crate::init::tasks()?;
+    let program =
+        |(tid, comm): &(i32, String)| *tid as u32 != me && !crate::init::is_zmem(comm) && !comm.starts_with("iou-wrk-");
+    if tasks.iter().any(program) {
+        return None;
+    }
+    fields.get(52 - 3)?.parse().ok()
+}
+
+/// Ends this process with the wait status `status` that its program left
+/// ([`program_gone`]): killed by the same signal (its default action, on
+/// this thread), or exited with the same code.
+pub(crate) fn end_as_the_program_did(status: u32) -> ! {
+    let signal = (status & 0x7f) as c_int;
+    let code = ((status >> 8) & 0xff) as c_int;
+    if signal != 0 {
+        log::warn!(
+            "the program's last thread was killed by signal {signal}{}, and only zmem's threads were left: \
+             the process ends as it would have without them",
+            if signal == libc::SIGSYS { " (a seccomp filter)" } else { "" }
+        );
+        // SAFETY: the default action for one signal; no handler of ours
+        // is involved.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+        // SAFETY: sigset_t is plain data, valid zeroed (an empty set).
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: adds a signal to a set of ours.
+        unsafe { libc::sigaddset(&mut set, signal) };
+        // SAFETY: unblocks that signal on this thread only; the set is ours.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        // SAFETY: a signal to this thread; its default action ends the
+        // process (the signal ended a thread already).
+        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, signal) };
+        // SAFETY: _exit ends the process; nothing of it is used after.
+        unsafe { libc::_exit(128 + signal) }
+    }
+    // The program's own way out (`pthread_exit` from `main`, then from
+    // its last thread), not news.
+    log::info!(
+        "the program's threads have all ended (exit status {code}), and only zmem's were left: the process ends"
+    );
+    // SAFETY: as above.
+    unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_that_can_install_something_is_the_sandbox_s() {
+        assert!(installs(SECCOMP_SET_MODE_FILTER, 0, 0x1000));
+        assert!(installs(SECCOMP_SET_MODE_FILTER, 1, 0x1000), "TSYNC");
+        assert!(installs(SECCOMP_SET_MODE_STRICT, 0, 0));
+        // libseccomp's probes: a filter without a program (EFAULT), strict
+        // mode with flags (EINVAL).
+        assert!(!installs(SECCOMP_SET_MODE_FILTER, 0, 0));
+        assert!(!installs(SECCOMP_SET_MODE_FILTER, 8, 0));
+        assert!(!installs(SECCOMP_SET_MODE_STRICT, 1, 0));
+        assert!(!installs(2, 0, 0x1000), "SECCOMP_GET_ACTION_AVAIL");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_syscall_wrapper_returns_as_glibc_does() {
+        // SAFETY: getpid takes no arguments.
+        assert_eq!(unsafe { raw(libc::SYS_getpid, [0; 6]) }, std::process::id() as c_long);
+        // SAFETY: close of a descriptor that is not open.
+        assert_eq!(unsafe { raw(libc::SYS_close, [-1, 0, 0, 0, 0, 0]) }, -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EBADF));
+    }
+}
