@@ -65,13 +65,20 @@ fn zmem(args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
 fn zmem_in(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
     c.current_dir(dir);
-    c.args(args).env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(args).env("ZMEM_PRELOAD", preload());
     for (k, v) in env {
         c.env(k, v);
     }
+    output_within(&mut c, secs, &format!("zmem {args:?}"))
+}
+
+/// `c`'s output, in a process group of its own, killed with the group
+/// after `secs` (a hang fails, as `what`).
+fn output_within(c: &mut Command, secs: u64, what: &str) -> Output {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
     // A process group of its own, for the kill below.
-    std::os::unix::process::CommandExt::process_group(&mut c, 0);
-    let mut child = c.spawn().expect("start zmem");
+    std::os::unix::process::CommandExt::process_group(c, 0);
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
     // Read both pipes while it runs: a program that wrote more than a pipe
     // holds would block in write(2) until the kill below, and read as hung.
     let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
@@ -85,7 +92,7 @@ fn zmem_in(dir: &Path, args: &[&str], env: &[(&str, &str)], secs: u64) -> Output
     };
     let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
     let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
-    wait_or_kill_group(&mut child, secs, &format!("zmem {args:?}"));
+    wait_or_kill_group(&mut child, secs, what);
     let status = child.wait().unwrap();
     Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
@@ -2615,29 +2622,12 @@ fn ssh_logins_to_a_server_under_zmem_run_run_their_commands_and_end() {
         ssh.args(["-q", "-p", &port.to_string(), "-i"]).arg(dir.join("user"));
         ssh.args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]);
         ssh.arg("root@127.0.0.1").arg(format!("python3 -c '{py}'"));
-        ssh.stdout(Stdio::piped()).stderr(Stdio::piped());
-        std::os::unix::process::CommandExt::process_group(&mut ssh, 0);
-        let mut child = ssh.spawn().expect("ssh");
-        let read = |r: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut s = String::new();
-                if let Some(mut r) = r {
-                    let _ = r.read_to_string(&mut s);
-                }
-                s
-            })
-        };
-        let (out, err) =
-            (read(child.stdout.take().map(|p| Box::new(p) as _)), read(child.stderr.take().map(|p| Box::new(p) as _)));
-        let hung = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wait_or_kill_group(&mut child, 120, "ssh");
-        }));
-        let status = child.wait().unwrap();
-        let (out, err) = (out.join().unwrap(), err.join().unwrap());
-        if hung.is_err() {
+        let Ok(o) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| output_within(&mut ssh, 120, "ssh")))
+        else {
             outs.push(format!("hung; server: {}", group_threads(server.id())));
             break;
-        }
+        };
+        let (status, out, err) = (o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         outs.push(format!("{status}: {out}{err}"));
     }
     // SAFETY: signals the process group this test made; kill(2) touches no
