@@ -2519,6 +2519,45 @@ fn a_program_that_loads_a_seccomp_filter_for_all_its_threads_gets_its_memory_bac
     assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
 }
 
+/// A program exec'd under a filter that kills at `userfaultfd` (bubblewrap's
+/// `--seccomp`, as a systemd unit's `SystemCallFilter=` would) died of
+/// SIGSYS at the shim's start, where it runs fine without zmem. Its shim
+/// now probes the filter in a child first, and stays off with a warning.
+/// Under a filter that returns EPERM there instead, the same program is
+/// managed (`/dev/userfaultfd`).
+#[test]
+fn a_program_started_under_a_filter_that_kills_userfaultfd_runs_unmanaged() {
+    let dir = tmpdir("filtered");
+    let make = "import errno, seccomp, sys\n\
+                act = seccomp.KILL_PROCESS if sys.argv[1] == 'kill' else seccomp.ERRNO(errno.EPERM)\n\
+                f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)\n\
+                f.add_rule(act, 'userfaultfd')\n\
+                f.export_bpf(open(sys.argv[2], 'wb'))\n";
+    let py = "b = [bytearray(1 << 20) for _ in range(96)]\n\
+              for i, x in enumerate(b):\n    x[::4096] = bytes([i % 251]) * 256\n\
+              print('ok', all(x[::4096] == bytes([i % 251]) * 256 for i, x in enumerate(b)), flush=True)\n";
+    for (action, managed) in [("kill", false), ("errno", true)] {
+        let bpf = dir.join(format!("{action}.bpf"));
+        let o = Command::new(SYSTEM_PYTHON).args(["-c", make, action]).arg(&bpf).output().unwrap();
+        assert!(o.status.success(), "python3-seccomp (.ci/run installs it): {}", text(&o));
+        let stats = tmpdir(&format!("filtered-{action}-stats"));
+        // bubblewrap reads the filter from descriptor 9.
+        let shell =
+            format!("exec 9<{}; exec bwrap --dev-bind / / --seccomp 9 -- {SYSTEM_PYTHON} -c \"$0\"", bpf.display());
+        let o = zmem(
+            &["run", "--limit", "32M", "--", "sh", "-c", &shell, py],
+            &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "20")],
+            120,
+        );
+        assert!(o.status.success(), "{action}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("ok True"), "{action}: {}", text(&o));
+        let warned = String::from_utf8_lossy(&o.stderr).contains("runs under a seccomp filter that kills");
+        assert_eq!(warned, !managed, "{action}: {}", text(&o));
+        let evicted = pager_max(&stats, "evicted_folios");
+        assert_eq!(evicted > 500, managed, "{action}: {evicted} folios evicted; {}", text(&o));
+    }
+}
+
 /// A filter the shim does not see (installed through the C library's own
 /// `syscall`, as a raw system call would be) kills the program's only
 /// thread (`SECCOMP_RET_KILL` kills a thread): without zmem that ends the

@@ -228,6 +228,18 @@ fn init() -> Option<Shim> {
         );
         return None;
     }
+    if let Some(signal) = crate::sandbox::filter_kills_zmem() {
+        warn_unmanaged(
+            &settings,
+            Warning::Sandboxed,
+            format_args!(
+                "{} runs under a seccomp filter that kills a call zmem makes (a probe of them died of signal \
+                 {signal})",
+                program()
+            ),
+        );
+        return None;
+    }
     let s = start(settings, None)?;
     // SAFETY: registers plain functions with no arguments. Each runs
     // guarded; the child step starts this process's own pager, with glibc's

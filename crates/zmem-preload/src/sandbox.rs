@@ -25,8 +25,10 @@
 //! A call that cannot install anything (libseccomp's probes pass no
 //! program) goes straight to the kernel.
 //!
-//! Filters in place before the shim starts (a container's) are left alone:
-//! where they forbid what the pager needs at its start, it does not start.
+//! A shim that starts under a filter (a program exec'd in a sandbox) first
+//! has a forked probe make zmem's calls ([`filter_kills_zmem`]), and stays
+//! off where one of them kills; a filter that returns errors is left to
+//! the pager, which copes or does not start.
 //! Not covered: a filter installed by a raw `syscall` instruction
 //! (Chromium's sandbox, Go's runtime), which no library call sees.
 //!
@@ -125,6 +127,134 @@ unsafe fn raw(n: c_long, a: [c_long; 6]) -> c_long {
     }
     r
 }
+
+/// Whether a seccomp filter this process started under (an exec inside a
+/// sandbox: `bwrap --seccomp`, a systemd unit's `SystemCallFilter=`)
+/// kills a call that zmem makes: the signal that killed a probe, if one
+/// did. Such a filter's kill lands on the program: Python exec'd by
+/// bubblewrap under a filter that kills at `userfaultfd` died of SIGSYS at
+/// the shim's start, where it runs without zmem. A filter that returns an
+/// error is no danger: the pager copes with the error, or does not start.
+/// The probe is a forked child (no `atfork` handlers, no allocation) that
+/// makes the calls: userfaultfd's, by the system call and by
+/// `/dev/userfaultfd`, and a registration and a copy on a mapping of its
+/// own, `madvise`, `mprotect`, a file's reads and writes, an eventfd,
+/// `ppoll`, `futex`, CPU affinity, thread names, `io_uring_setup` and
+/// `/proc/thread-self/maps`. It cannot try everything (nor a thread:
+/// `clone` for threads is what the filter may allow where it forbids a
+/// fork), so it is a check of the usual kills, not a proof.
+pub(crate) fn filter_kills_zmem() -> Option<c_int> {
+    let status =
+        zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/status".as_ref()).ok()?;
+    let mode = status.lines().find_map(|l| l.strip_prefix("Seccomp:"))?.trim();
+    if mode != "2" {
+        return None;
+    }
+    // SAFETY: a fork (a new process, this memory copied) that reports to
+    // no signal (exit signal 0: a program that ignores SIGCHLD still leaves
+    // it to be waited for). The child runs `probe` alone and exits.
+    let pid =
+        unsafe { libc::syscall(libc::SYS_clone, 0 as c_long, 0 as c_long, 0 as c_long, 0 as c_long, 0 as c_long) };
+    if pid == 0 {
+        probe();
+        // SAFETY: ends the child; nothing of it is used after.
+        unsafe { libc::_exit(0) }
+    }
+    if pid < 0 {
+        return None;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut st: c_int = 0;
+    loop {
+        // SAFETY: waits for the child made above; writes `st`, ours.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut st, libc::__WALL | libc::WNOHANG) };
+        if r == pid as libc::pid_t {
+            break;
+        }
+        if r < 0 || std::time::Instant::now() > deadline {
+            // SAFETY: the child made above; a stuck probe decides nothing.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            // SAFETY: as above.
+            unsafe { libc::waitpid(pid as libc::pid_t, &mut st, libc::__WALL) };
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    libc::WIFSIGNALED(st).then(|| libc::WTERMSIG(st))
+}
+
+/// `_IOWR(0xAA, nr, size)`.
+const fn uffdio(nr: u64, size: u64) -> u64 {
+    (3 << 30) | (size << 16) | (0xAA << 8) | nr
+}
+
+/// The probe's calls (see [`filter_kills_zmem`]): their results do not
+/// matter, only whether the filter lets the process live through them.
+#[cfg(target_arch = "x86_64")]
+fn probe() {
+    const PAGE: c_long = 4096;
+    let page = [0u8; PAGE as usize];
+    let mut buf = [0u64; 16];
+    // Taken afresh for each call, after the writes that fill it.
+    let at = |buf: &mut [u64; 16]| buf.as_mut_ptr() as c_long;
+    // SAFETY: made only in the forked, one-thread child, which exits after:
+    // each call works on descriptors and a mapping of the child's own, and
+    // on `page` and `buf`, on its stack, no larger than the kernel reads
+    // or writes (at most 120 bytes into `buf`, one page from `page`).
+    let call = |n: c_long, a: [c_long; 6]| unsafe { raw(n, a) };
+    let cloexec = libc::O_CLOEXEC as c_long;
+    let mut fd = call(libc::SYS_userfaultfd, [cloexec | libc::O_NONBLOCK as c_long, 0, 0, 0, 0, 0]);
+    let dev = call(
+        libc::SYS_openat,
+        [libc::AT_FDCWD as c_long, c"/dev/userfaultfd".as_ptr() as c_long, libc::O_RDWR as c_long | cloexec, 0, 0, 0],
+    );
+    if dev >= 0 {
+        // USERFAULTFD_IOC_NEW, `_IO(0xAA, 0)`.
+        let other = call(libc::SYS_ioctl, [dev, 0xAA00, cloexec, 0, 0, 0]);
+        if fd < 0 {
+            fd = other;
+        }
+    }
+    // UFFDIO_API: struct uffdio_api, 24 bytes (api 0xAA, features, ioctls).
+    buf[0] = 0xAA;
+    call(libc::SYS_ioctl, [fd, uffdio(0x3F, 24) as c_long, at(&mut buf), 0, 0, 0]);
+    let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as c_long;
+    let rw = (libc::PROT_READ | libc::PROT_WRITE) as c_long;
+    let p = call(libc::SYS_mmap, [0, 4 * PAGE, rw, anon, -1, 0]);
+    // UFFDIO_REGISTER: start, len, mode (MISSING), ioctls (out).
+    buf[..4].copy_from_slice(&[p as u64, 4 * PAGE as u64, 1, 0]);
+    call(libc::SYS_ioctl, [fd, uffdio(0x00, 32) as c_long, at(&mut buf), 0, 0, 0]);
+    // UFFDIO_COPY: dst, src, len, mode, copy (out).
+    buf[..5].copy_from_slice(&[p as u64, page.as_ptr() as u64, PAGE as u64, 0, 0]);
+    call(libc::SYS_ioctl, [fd, uffdio(0x03, 40) as c_long, at(&mut buf), 0, 0, 0]);
+    call(libc::SYS_madvise, [p, PAGE, libc::MADV_DONTNEED as c_long, 0, 0, 0]);
+    call(libc::SYS_mprotect, [p, PAGE, rw, 0, 0, 0]);
+    let f = call(libc::SYS_memfd_create, [c"zmem-probe".as_ptr() as c_long, libc::MFD_CLOEXEC as c_long, 0, 0, 0, 0]);
+    call(libc::SYS_pwrite64, [f, page.as_ptr() as c_long, PAGE, 0, 0, 0]);
+    call(libc::SYS_pread64, [f, at(&mut buf), 64, 0, 0, 0]);
+    call(libc::SYS_fallocate, [f, 0, 0, PAGE, 0, 0]);
+    let e = call(libc::SYS_eventfd2, [0, (libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) as c_long, 0, 0, 0, 0]);
+    // A pollfd (fd, events POLLIN) in buf[0], a zero timespec in buf[2..4].
+    buf[..4].copy_from_slice(&[e as u32 as u64 | (libc::POLLIN as u64) << 32, 0, 0, 0]);
+    call(libc::SYS_ppoll, [at(&mut buf), 1, at(&mut buf) + 16, 0, 8, 0]);
+    call(libc::SYS_futex, [at(&mut buf), (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as c_long, 1, 0, 0, 0]);
+    // This thread's CPU mask (128 bytes), set again as it is.
+    if call(libc::SYS_sched_getaffinity, [0, 128, at(&mut buf), 0, 0, 0]) > 0 {
+        call(libc::SYS_sched_setaffinity, [0, 128, at(&mut buf), 0, 0, 0]);
+    }
+    call(libc::SYS_prctl, [libc::PR_SET_NAME as c_long, c"zmem-probe".as_ptr() as c_long, 0, 0, 0, 0]);
+    // struct io_uring_params, 120 bytes, zeroed.
+    buf.fill(0);
+    call(libc::SYS_io_uring_setup, [1, at(&mut buf), 0, 0, 0, 0]);
+    let maps = call(
+        libc::SYS_openat,
+        [libc::AT_FDCWD as c_long, c"/proc/thread-self/maps".as_ptr() as c_long, cloexec, 0, 0, 0],
+    );
+    call(libc::SYS_read, [maps, at(&mut buf), 64, 0, 0, 0]);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe() {}
 
 /// The wait status the program left, where only zmem's threads keep this
 /// process alive: the main thread is a zombie and no other thread but
