@@ -384,7 +384,9 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
         return f();
     }
-    let Some(old) = current().filter(|_| !others_than_zmem()) else { return f() };
+    let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
+        return f();
+    };
     let inherited = let_go(old);
     // The io_uring workers of the swap file the pager closed end on their own.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -480,11 +482,11 @@ fn take_back(old: &'static Shim, inherited: Vec<(usize, usize)>) {
     });
 }
 
-/// Whether a thread other than the caller and zmem's (`zmem-*`, and the
-/// io_uring workers of its swap file) is in this process.
-fn others_than_zmem() -> bool {
-    let me = rustix::thread::gettid().as_raw_nonzero().get();
-    tasks().is_none_or(|t| t.iter().any(|(tid, comm)| *tid != me && !is_zmem(comm) && !comm.starts_with("iou-wrk-")))
+/// Whether a thread other than `but` and zmem's (`zmem-*`, and the
+/// io_uring workers of its swap file) is in this process (or `/proc`
+/// cannot tell).
+pub(crate) fn others_than_zmem(but: i32) -> bool {
+    tasks().is_none_or(|t| t.iter().any(|(tid, comm)| *tid != but && !is_zmem(comm) && !comm.starts_with("iou-wrk-")))
 }
 
 /// This process's threads now, (tid, name); `None` without `/proc`.

@@ -183,15 +183,11 @@ pub(crate) fn filter_kills_zmem() -> Option<c_int> {
     libc::WIFSIGNALED(st).then(|| libc::WTERMSIG(st))
 }
 
-/// `_IOWR(0xAA, nr, size)`.
-const fn uffdio(nr: u64, size: u64) -> u64 {
-    (3 << 30) | (size << 16) | (0xAA << 8) | nr
-}
-
 /// The probe's calls (see [`filter_kills_zmem`]): their results do not
 /// matter, only whether the filter lets the process live through them.
 #[cfg(target_arch = "x86_64")]
 fn probe() {
+    use linux_raw_sys::ioctl as nr;
     const PAGE: c_long = 4096;
     let page = [0u8; PAGE as usize];
     let mut buf = [0u64; 16];
@@ -209,24 +205,24 @@ fn probe() {
         [libc::AT_FDCWD as c_long, c"/dev/userfaultfd".as_ptr() as c_long, libc::O_RDWR as c_long | cloexec, 0, 0, 0],
     );
     if dev >= 0 {
-        // USERFAULTFD_IOC_NEW, `_IO(0xAA, 0)`.
-        let other = call(libc::SYS_ioctl, [dev, 0xAA00, cloexec, 0, 0, 0]);
+        let new = zmem_uffd::sys::USERFAULTFD_IOC_NEW as c_long;
+        let other = call(libc::SYS_ioctl, [dev, new, cloexec, 0, 0, 0]);
         if fd < 0 {
             fd = other;
         }
     }
-    // UFFDIO_API: struct uffdio_api, 24 bytes (api 0xAA, features, ioctls).
+    // struct uffdio_api: api 0xAA, features, ioctls (out).
     buf[0] = 0xAA;
-    call(libc::SYS_ioctl, [fd, uffdio(0x3F, 24) as c_long, at(&mut buf), 0, 0, 0]);
+    call(libc::SYS_ioctl, [fd, nr::UFFDIO_API as c_long, at(&mut buf), 0, 0, 0]);
     let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as c_long;
     let rw = (libc::PROT_READ | libc::PROT_WRITE) as c_long;
     let p = call(libc::SYS_mmap, [0, 4 * PAGE, rw, anon, -1, 0]);
-    // UFFDIO_REGISTER: start, len, mode (MISSING), ioctls (out).
+    // struct uffdio_register: start, len, mode (MISSING), ioctls (out).
     buf[..4].copy_from_slice(&[p as u64, 4 * PAGE as u64, 1, 0]);
-    call(libc::SYS_ioctl, [fd, uffdio(0x00, 32) as c_long, at(&mut buf), 0, 0, 0]);
-    // UFFDIO_COPY: dst, src, len, mode, copy (out).
+    call(libc::SYS_ioctl, [fd, nr::UFFDIO_REGISTER as c_long, at(&mut buf), 0, 0, 0]);
+    // struct uffdio_copy: dst, src, len, mode, copy (out).
     buf[..5].copy_from_slice(&[p as u64, page.as_ptr() as u64, PAGE as u64, 0, 0]);
-    call(libc::SYS_ioctl, [fd, uffdio(0x03, 40) as c_long, at(&mut buf), 0, 0, 0]);
+    call(libc::SYS_ioctl, [fd, nr::UFFDIO_COPY as c_long, at(&mut buf), 0, 0, 0]);
     call(libc::SYS_madvise, [p, PAGE, libc::MADV_DONTNEED as c_long, 0, 0, 0]);
     call(libc::SYS_mprotect, [p, PAGE, rw, 0, 0, 0]);
     let f = call(libc::SYS_memfd_create, [c"zmem-probe".as_ptr() as c_long, libc::MFD_CLOEXEC as c_long, 0, 0, 0, 0]);
@@ -272,10 +268,8 @@ pub(crate) fn program_gone() -> Option<u32> {
     if fields.first() != Some(&"Z") {
         return None;
     }
-    let tasks = crate::init::tasks()?;
-    let program =
-        |(tid, comm): &(i32, String)| *tid as u32 != me && !crate::init::is_zmem(comm) && !comm.starts_with("iou-wrk-");
-    if tasks.iter().any(program) {
+    // The main thread is the zombie, its tid the pid.
+    if crate::init::others_than_zmem(me as i32) {
         return None;
     }
     fields.get(52 - 3)?.parse().ok()

@@ -38,7 +38,7 @@ pub const UFFDIO_POISON: Opcode = 0xC020_AA08;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
 const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 2;
 /// `_IO(0xAA, 0x00)` on `/dev/userfaultfd`.
-const USERFAULTFD_IOC_NEW: Opcode = 0xAA00;
+pub const USERFAULTFD_IOC_NEW: Opcode = 0xAA00;
 const UFFD_API: u64 = 0xAA;
 /// `sizeof(struct uffd_msg)`.
 const MSG_SIZE: usize = 32;
