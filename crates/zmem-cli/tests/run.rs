@@ -2487,6 +2487,37 @@ fn a_program_whose_main_thread_exits_first_is_managed_and_ends_with_its_last_thr
     assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
 }
 
+/// A program that changes its root to a directory without `/proc` (as
+/// OpenSSH's pre-authentication child and chrooted servers do) stays
+/// managed: what it maps after the `chroot` is paged through the limit.
+/// Every scan for mappings to adopt failed there (`/proc/thread-self/maps`
+/// was opened by its path), with a warning each time, hundreds in a run,
+/// and the stats thread made its directory inside the new root, or said it
+/// could not. A child forked after the change started a pager with no tree,
+/// no swap file and no scans, warning of each; now it runs unmanaged, with
+/// one warning, and sees its parent's memory.
+#[test]
+fn a_program_that_changes_its_root_stays_managed_and_leaves_nothing_there() {
+    let exe = compile_c("chroot");
+    let jail = tmpdir("chroot-jail");
+    let o = zmem(&["run", "--limit", "64M", "--", exe.to_str().unwrap(), jail.to_str().unwrap(), "256"], &[], 120);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\nok\n"), "{}", text(&o));
+    let peak_kib: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("maxrss_kib="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS: {}", text(&o)));
+    // 512 MiB written; natively its peak is ~520 MiB.
+    assert!(peak_kib < 160 << 10, "peak RSS {peak_kib} KiB under a 64 MiB limit: {}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("was forked after its parent changed its root").count(), 1, "{}", text(&o));
+    assert!(!err.contains("failed") && !err.contains("stats file"), "{}", text(&o));
+    let left: Vec<_> = std::fs::read_dir(&jail).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(left.is_empty(), "zmem left {left:?} in the new root: {}", text(&o));
+}
+
 /// Debian's python3 with libseccomp's bindings (python3-seccomp).
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 
@@ -2677,14 +2708,14 @@ fn ssh_logins_to_a_server_under_zmem_run_run_their_commands_and_end() {
     // SIGTERM) would stay behind.
     // SAFETY: as above.
     unsafe { libc::kill(-(server.id() as i32), libc::SIGKILL) };
+    // The sandboxed child chroots into it as root: zmem's stats thread made
+    // its default directory there.
+    let left: Vec<_> = std::fs::read_dir(privsep).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     if made {
-        // With what the sandboxed child left there: it chroots into it as
-        // root, and zmem's stats thread may make its default directory
-        // there before the child sandboxes itself (left for a later
-        // session; see ARCHITECTURE.md).
         let _ = std::fs::remove_dir_all(privsep);
     }
     let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(left.is_empty(), "left in sshd's new root: {left:?}\n{log}");
     assert_eq!(outs.len(), 3, "{outs:?}\n{log}");
     for o in &outs {
         assert!(o.starts_with("exit status: 0") && o.contains(&want), "{outs:?}\n{log}");

@@ -155,6 +155,24 @@ extern "C" fn after_fork_in_child() {
                 }
             }
         }
+        if crate::stats::root_left() {
+            // A pager here would need `/proc`, the swap directory and the
+            // tree's segment by their paths, which lead into the new root
+            // now. A hand-over link (ZMEM_FORK_EVENT) closes with the rest:
+            // the parent then copies this child's memory in whole.
+            if parent.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
+                log::warn!(
+                    "process {} was forked after its parent changed its root (chroot): without /proc and the \
+                     swap directory zmem cannot start a pager in it. It runs unmanaged (no limit), as will any \
+                     other process of the tree for this reason",
+                    std::process::id()
+                );
+            }
+            // SAFETY: as below.
+            unsafe { parent.pager.abandon_in_child() };
+            CHILD.store(true, Ordering::Relaxed);
+            return;
+        }
         // Taken before the parent's pager is abandoned, which closes the
         // rest of what it kept open.
         let link = parent.pager.fork_link_in_child();
@@ -436,6 +454,26 @@ pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> boo
     if failed(&r) {
         crate::stats::not_gone();
         take_back(old, inherited);
+    }
+    r
+}
+
+/// Runs `f`, a call that changes this process's root (`chroot`,
+/// `pivot_root`; `sandbox.rs`). The process stays managed: what its pager
+/// uses from then on is open already (the userfaultfd, the swap file, the
+/// tree's segment, `/proc/thread-self/maps`, `statm` and `pagemap`), and a
+/// child it forks starts its pager before it runs on. What zmem finds by a
+/// path that now leads into the new root goes first: the stats file
+/// (`stats::leave_root`). Not in a vfork child, whose memory (the flag
+/// that stops the stats) is its parent's.
+pub(crate) fn leaving_root<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
+    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() || current().is_none() {
+        return f();
+    }
+    crate::stats::leave_root();
+    let r = f();
+    if failed(&r) {
+        crate::stats::not_gone();
     }
     r
 }

@@ -32,6 +32,10 @@
 //! Not covered: a filter installed by a raw `syscall` instruction
 //! (Chromium's sandbox, Go's runtime), which no library call sees.
 //!
+//! A program that changes its root (`chroot`, or `pivot_root` through
+//! `syscall`) stays managed; the stats file, which zmem finds by its path,
+//! goes first (`init::leaving_root`).
+//!
 //! Whatever killed the program's last thread, zmem's threads must not keep
 //! the process alive: the stats thread ends it as the kernel would have
 //! ([`program_gone`], [`end_as_the_program_did`]).
@@ -90,9 +94,26 @@ pub unsafe extern "C" fn syscall(
     let call = || unsafe { raw(n, [a1, a2, a3, a4, a5, a6]) };
     if n == libc::SYS_seccomp && installs(a1, a2, a3) {
         crate::init::sandboxed(call, |&r| r < 0)
+    } else if n == libc::SYS_chroot || n == libc::SYS_pivot_root {
+        crate::init::leaving_root(call, |&r| r < 0)
     } else {
         call()
     }
+}
+
+/// `chroot`: a program that changes its root stays managed, and zmem
+/// leaves nothing in the new root (`init::leaving_root`). OpenSSH's
+/// pre-authentication child chroots into `/run/sshd`, as do DNS, FTP and
+/// mail servers' workers. zmem keeps no directory open across it: a
+/// directory descriptor from outside is a way out of the new root
+/// (`fchdir`), for the program and for whoever takes it over.
+#[cfg(target_arch = "x86_64")]
+#[no_mangle]
+pub unsafe extern "C" fn chroot(path: *const std::ffi::c_char) -> c_int {
+    // SAFETY: the kernel's chroot with the caller's path (a string, or
+    // EFAULT); `raw`, not `libc::syscall`, which binds to ours above.
+    let call = || unsafe { raw(libc::SYS_chroot, [path as c_long, 0, 0, 0, 0, 0]) } as c_int;
+    crate::init::leaving_root(call, |&r| r != 0)
 }
 
 /// The system call `n`.

@@ -105,6 +105,22 @@ enum Next {
 
 fn write_once(named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
     let Some(s) = current() else { return Next::Again };
+    // SeqCst, with `remove_file`'s: either this sees EXITING or ROOT_LEFT,
+    // or the remover sees WRITING and waits for the rename. It covers
+    // `prepare` too, which makes the directory by its path.
+    WRITING.store(true, Ordering::SeqCst);
+    let next = if EXITING.load(Ordering::SeqCst) {
+        Next::Exiting
+    } else if ROOT_LEFT.load(Ordering::SeqCst) {
+        Next::Again
+    } else {
+        write_ready(s, named, pid, ready)
+    };
+    WRITING.store(false, Ordering::SeqCst);
+    next
+}
+
+fn write_ready(s: &Shim, named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
     let euid = euid();
     if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
         if let Some((_, old)) = &ready {
@@ -123,16 +139,7 @@ fn write_once(named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>
     let mem = ProcMem::now();
     warn_shared_once(mem.shmem, s.settings.limit);
     let json = stats_json_with(s, mem);
-    // SeqCst, with `remove_at_exit`'s: either this sees EXITING,
-    // or the handler sees WRITING and waits for the rename.
-    WRITING.store(true, Ordering::SeqCst);
-    if EXITING.load(Ordering::SeqCst) {
-        WRITING.store(false, Ordering::SeqCst);
-        return Next::Exiting;
-    }
-    let r = stats_files::write(dir, pid, &json);
-    WRITING.store(false, Ordering::SeqCst);
-    if let Err(e) = r {
+    if let Err(e) = stats_files::write(dir, pid, &json) {
         log::warn!("stats file {}: {e}; no more stats", stats_files::path(dir, pid).display());
         return Next::NoMore;
     }
@@ -175,12 +182,18 @@ pub(crate) fn after_fork_in_child() {
 /// must not hold up the exit), so that no rename brings the file back.
 /// No allocation: the program may exit with any lock held.
 pub(crate) extern "C" fn remove_at_exit() {
+    remove_file(&EXITING);
+}
+
+/// Removes this process's stats file in the default directory, once
+/// `stop` (which the stats thread looks at before it writes) is set.
+fn remove_file(stop: &AtomicBool) {
     // Gone already (`remove_for_good`): a seccomp filter may forbid the
     // unlink now.
     if GONE.swap(true, Ordering::SeqCst) {
         return;
     }
-    EXITING.store(true, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
     for _ in 0..200 {
         if !WRITING.load(Ordering::SeqCst) {
             break;
@@ -222,6 +235,28 @@ pub(crate) fn remove_for_good() {
 pub(crate) fn not_gone() {
     GONE.store(false, Ordering::SeqCst);
     EXITING.store(false, Ordering::SeqCst);
+    ROOT_LEFT.store(false, Ordering::SeqCst);
+}
+
+/// Set once the program changes its root (`chroot`, `pivot_root`): the
+/// stats directory's path then leads into the new root, where zmem has no
+/// business (it made `/tmp/zmem-stats-0` inside OpenSSH's `/run/sshd`).
+/// This process and the children it forks (which inherit it) write no
+/// stats file from then on; the stats thread goes on looking for a
+/// program that is gone.
+static ROOT_LEFT: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process (or the parent it was forked from) changed its
+/// root.
+pub(crate) fn root_left() -> bool {
+    ROOT_LEFT.load(Ordering::SeqCst)
+}
+
+/// The program is about to change its root: the stats file goes now, by
+/// its path while that still leads to it, and no other is written (see
+/// [`ROOT_LEFT`]). [`not_gone`] undoes it where the call failed.
+pub(crate) fn leave_root() {
+    remove_file(&ROOT_LEFT);
 }
 
 /// This process's resident memory, from `/proc/self/status` (0 where it

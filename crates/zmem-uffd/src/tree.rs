@@ -77,6 +77,9 @@ pub enum Warning {
     OnValgrind = 1,
     /// A process runs unmanaged: it put itself under a seccomp filter.
     Sandboxed = 2,
+    /// A process runs unmanaged: its parent forked it after changing its
+    /// root.
+    RootChanged = 3,
 }
 
 /// A mapped segment.
@@ -412,11 +415,26 @@ fn start_time(pid: u32) -> Option<u64> {
     stat(pid).map(|(s, _)| s)
 }
 
+/// Whether the process that took a slot as `pid`, started at `start`, is
+/// still there. Where its `/proc` entry cannot be read although the pid is
+/// in use (a process that changed its root to a directory without `/proc`
+/// sweeps too), it is taken as alive: a slot freed under a live process
+/// would let its usage out of the tree's sum, and its pid out of the slot
+/// it goes on writing.
 fn alive(pid: u32, start: u64) -> bool {
     match stat(pid) {
         Some((s, dead)) => !dead && (start == 0 || s == start),
-        None => false,
+        None => exists(pid),
     }
+}
+
+/// Whether a process `pid` exists: signal 0 sends nothing and checks only
+/// that (EPERM: it exists, and is another user's).
+fn exists(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 delivers nothing and touches no memory.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 #[cfg(test)]

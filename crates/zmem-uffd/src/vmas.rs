@@ -3,7 +3,8 @@
 //! text of `/proc/self/maps` as the fallback on older kernels; and which of
 //! them is a loaded ELF object's .bss ([`static_data`]).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
@@ -82,32 +83,90 @@ impl Vma {
     }
 }
 
-/// `/proc/self/maps`, kept from the program's `close` family while it is
-/// open (`zmem_common::fds`): a program's `closefrom(3)` on another thread
-/// would otherwise close it under a scan (EBADF), and the program's next
-/// file could take its number, to be queried and closed by us.
+/// This process's `/proc/thread-self/maps`, opened once and kept open
+/// while a pager lives ([`open_for_process`]): `(pid << 32) | fd`, 0 before
+/// it is opened. The pid is the one that opened it: in a forked child the
+/// number is its parent's, which the child closed as it abandoned its
+/// parent's pager (`zmem_common::fds::take_all`). A pager that lets go
+/// (`Pager::let_go`) closes it with its own ([`forget_for_process`]).
+static MAPS: AtomicU64 = AtomicU64::new(0);
+
+/// Opens this process's maps file, if it is not open yet: the pager does at
+/// its start, before the program runs on (in a forked child, in the fork
+/// handler), so that its scans still read it after the program has changed
+/// its root (`chroot` into a directory without `/proc`: OpenSSH's
+/// pre-authentication child, a DNS or FTP server). Opening it at every scan
+/// then failed (ENOENT), at every `mmap` of the program.
+///
+/// Kept from the program's `close` family (`zmem_common::fds`): a
+/// program's `closefrom(3)` would otherwise close it, and the program's
+/// next file could take its number, to be queried by us. A file, not
+/// `/proc` as a directory: a directory descriptor that outlives a `chroot`
+/// is a way out of it (`fchdir`), for the program and for whoever takes it
+/// over.
 ///
 /// Opened as `/proc/thread-self/maps`, as are the other per-process files
 /// zmem reads (`statm`, `status`, `pagemap`, `fd/`): `/proc/self` is the
 /// main thread, which has no memory of its own once it has ended
-/// (`pthread_exit` from `main`, while other threads run on). Every scan
-/// then failed (ESRCH) and `statm` read zeros.
-fn open_maps(wait: Wait) -> Result<zmem_common::fds::KeptFd, Errno> {
+/// (`pthread_exit` from `main`, while other threads run on). Opening it
+/// then failed (ESRCH). A maps file holds the process's memory, not a
+/// thread: opened before, it reads on.
+///
+/// # Errors
+/// Opening the file, or `AGAIN` where the program's closes kept it from
+/// being opened (`wait`).
+pub fn open_for_process(wait: Wait) -> Result<BorrowedFd<'static>, Errno> {
     use rustix::fs::{Mode, OFlags};
-    zmem_common::fds::open_kept(wait, Errno::AGAIN, || {
+    let me = std::process::id();
+    let v = MAPS.load(Ordering::Acquire);
+    if v != 0 && (v >> 32) as u32 == me {
+        // SAFETY: the number was opened by this process and stored with
+        // its pid, and it is kept from the program's closes. zmem closes
+        // it only with every descriptor of a pager that is let go or
+        // abandoned (`take_all`), when no thread of that pager is left and
+        // the program's threads no longer reach it; that resets `MAPS`.
+        return Ok(unsafe { BorrowedFd::borrow_raw(v as u32 as i32) });
+    }
+    let fd = zmem_common::fds::open_kept(wait, Errno::AGAIN, || {
         rustix::fs::open("/proc/thread-self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-    })
+    })?;
+    let new = (u64::from(me) << 32) | u64::from(fd.as_raw_fd() as u32);
+    match MAPS.compare_exchange(v, new, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            // Closed only with a pager's descriptors: see `MAPS`.
+            let fd = fd.into_raw_kept();
+            // SAFETY: as above; this thread stored it.
+            Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+        }
+        // Another thread of this process opened one first: ours goes.
+        Err(_) => {
+            drop(fd);
+            open_for_process(wait)
+        }
+    }
 }
 
-/// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11).
-fn read_maps(wait: Wait) -> Result<String, Errno> {
-    zmem_common::fds::read_to_string(wait, std::path::Path::new("/proc/thread-self/maps")).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            Errno::AGAIN
-        } else {
-            Errno::IO
+/// The process's maps file was closed with the rest of a pager's
+/// descriptors (`Pager::abandon_in_child`, which `Pager::let_go` calls
+/// too): the next use opens it again.
+pub(crate) fn forget_for_process() {
+    MAPS.store(0, Ordering::Release);
+}
+
+/// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11), read
+/// from the start of the process's maps file.
+fn read_maps(fd: BorrowedFd<'_>) -> Result<String, Errno> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match rustix::io::pread(fd, &mut buf, out.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
         }
-    })
+    }
+    String::from_utf8(out).map_err(|_| Errno::IO)
 }
 
 /// The process's mappings, in address order.
@@ -115,15 +174,15 @@ fn read_maps(wait: Wait) -> Result<String, Errno> {
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
 pub fn mappings() -> Result<Vec<Vma>, Errno> {
-    let fd = open_maps(Wait::Yes)?;
-    match query_all(&fd) {
+    let fd = open_for_process(Wait::Yes)?;
+    match query_all(fd) {
         Ok(v) => Ok(v),
-        Err(Errno::NOTTY | Errno::INVAL) => parse_maps(&read_maps(Wait::Yes)?),
+        Err(Errno::NOTTY | Errno::INVAL) => parse_maps(&read_maps(fd)?),
         Err(e) => Err(e),
     }
 }
 
-fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
+fn query_all(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
     let mut out = Vec::new();
     let mut name = [0u8; 64];
     let mut at = 0u64;
@@ -139,7 +198,7 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
         // SAFETY: PROCMAP_QUERY reads and writes one procmap_query, and
         // writes at most vma_name_size bytes at vma_name_addr (`name`,
         // alive across the call); build_id_size is 0, so no build id.
-        match unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) } {
+        match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
             Ok(()) => {}
             Err(Errno::NOENT) => return Ok(out),
             // A name longer than the buffer: the mapping is named by a
@@ -179,15 +238,15 @@ fn query_all(fd: &OwnedFd) -> Result<Vec<Vma>, Errno> {
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read, or
 /// `EAGAIN` while the program closes descriptors.
 pub fn covering(addr: u64, wait: Wait) -> Result<Option<(u64, u64)>, Errno> {
-    let fd = open_maps(wait)?;
+    let fd = open_for_process(wait)?;
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.
-    match unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) } {
+    match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
         Ok(()) => Ok(Some((q.vma_start, q.vma_end))),
         Err(Errno::NOENT) => Ok(None),
         Err(Errno::NOTTY | Errno::INVAL) => {
-            let text = read_maps(wait)?;
+            let text = read_maps(fd)?;
             for line in text.lines() {
                 let Some((a, b)) = line.split_ascii_whitespace().next().and_then(|r| r.split_once('-')) else {
                     continue;
@@ -206,16 +265,16 @@ pub fn covering(addr: u64, wait: Wait) -> Result<Option<(u64, u64)>, Errno> {
 /// Whether the mapping that covers `addr` is executable; `None` where
 /// nothing is mapped there or `PROCMAP_QUERY` cannot answer.
 pub fn executable(addr: u64) -> Option<bool> {
-    let fd = open_maps(Wait::Yes).ok()?;
+    let fd = open_for_process(Wait::Yes).ok()?;
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.
-    unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) }.ok()?;
+    unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) }.ok()?;
     Some(q.vma_flags & VMA_EXECUTABLE != 0)
 }
 
 /// The end of the mapping at or after `at`, asked without its name.
-fn next_after(fd: &OwnedFd, at: u64) -> Result<u64, Errno> {
+fn next_after(fd: BorrowedFd<'_>, at: u64) -> Result<u64, Errno> {
     let mut q = ProcmapQuery {
         size: std::mem::size_of::<ProcmapQuery>() as u64,
         query_flags: QUERY_COVERING_OR_NEXT_VMA,
@@ -223,7 +282,7 @@ fn next_after(fd: &OwnedFd, at: u64) -> Result<u64, Errno> {
         ..ProcmapQuery::default()
     };
     // SAFETY: as in query_all, with no name and no build id asked for.
-    unsafe { call::<PROCMAP_QUERY, _>(fd.as_fd(), &mut q) }?;
+    unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) }?;
     Ok(q.vma_end)
 }
 

@@ -381,6 +381,13 @@ impl Pager {
         if poison {
             want = want | Features::POISON;
         }
+        if cfg.adopt.is_some() {
+            // Now, while the program waits for this start: its scans must
+            // read it after the program has changed its root.
+            if let Err(e) = crate::vmas::open_for_process(zmem_common::fds::Wait::Yes) {
+                log::debug!("/proc/thread-self/maps: {e}");
+            }
+        }
         let member = cfg.tree.as_deref().map(|p| crate::tree::Tree::open(p).and_then(crate::tree::Tree::join));
         let member = match member {
             // A forked child holding its handed-over memory must start.
