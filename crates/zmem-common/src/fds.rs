@@ -453,14 +453,6 @@ impl KeptFd {
         KeptFd(ManuallyDrop::new(fd))
     }
 
-    /// The number, still kept (from the program's `close` family), with no
-    /// owner to close it on drop: it stays open until [`take_all`] takes
-    /// it with the rest of a pager's descriptors.
-    pub fn into_raw_kept(self) -> RawFd {
-        let me = ManuallyDrop::new(self);
-        me.0.as_raw_fd()
-    }
-
     /// The descriptor, no longer kept: the program's `close` reaches it
     /// again. Only where no close of the program's can run (a forked
     /// child's only thread).

@@ -3,8 +3,7 @@
 //! text of `/proc/self/maps` as the fallback on older kernels; and which of
 //! them is a loaded ELF object's .bss ([`static_data`]).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
@@ -83,27 +82,17 @@ impl Vma {
     }
 }
 
-/// This process's `/proc/thread-self/maps`, opened once and kept open
-/// while a pager lives ([`open_for_process`]): `(pid << 32) | fd`, 0 before
-/// it is opened. The pid is the one that opened it: in a forked child the
-/// number is its parent's, which the child closed as it abandoned its
-/// parent's pager (`zmem_common::fds::take_all`). A pager that lets go
-/// (`Pager::let_go`) closes it with its own ([`forget_for_process`]).
-static MAPS: AtomicU64 = AtomicU64::new(0);
-
-/// Opens this process's maps file, if it is not open yet: the pager does at
-/// its start, before the program runs on (in a forked child, in the fork
-/// handler), so that its scans still read it after the program has changed
-/// its root (`chroot` into a directory without `/proc`: OpenSSH's
-/// pre-authentication child, a DNS or FTP server). Opening it at every scan
-/// then failed (ENOENT), at every `mmap` of the program.
-///
-/// Kept from the program's `close` family (`zmem_common::fds`): a
-/// program's `closefrom(3)` would otherwise close it, and the program's
-/// next file could take its number, to be queried by us. A file, not
-/// `/proc` as a directory: a directory descriptor that outlives a `chroot`
-/// is a way out of it (`fchdir`), for the program and for whoever takes it
-/// over.
+/// Opens this process's maps file, kept from the program's `close` family
+/// (`zmem_common::fds`): a program's `closefrom(3)` would otherwise close
+/// it, and the program's next file could take its number, to be queried by
+/// us. A pager opens it at its start and keeps it (`Inner::maps`), before
+/// the program runs on (in a forked child, in the fork handler), so that
+/// its scans still read it after the program has changed its root (`chroot`
+/// into a directory without `/proc`: OpenSSH's pre-authentication child, a
+/// DNS or FTP server). Opened at every scan, it failed there (ENOENT), at
+/// every `mmap` of the program. A file, not `/proc` as a directory: a
+/// directory descriptor that outlives a `chroot` is a way out of it
+/// (`fchdir`), for the program and for whoever takes it over.
 ///
 /// Opened as `/proc/thread-self/maps`, as are the other per-process files
 /// zmem reads (`statm`, `status`, `pagemap`, `fd/`): `/proc/self` is the
@@ -114,43 +103,12 @@ static MAPS: AtomicU64 = AtomicU64::new(0);
 ///
 /// # Errors
 /// Opening the file, or `AGAIN` where the program's closes kept it from
-/// being opened (`wait`).
-pub fn open_for_process(wait: Wait) -> Result<BorrowedFd<'static>, Errno> {
+/// being opened for a second.
+pub fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
     use rustix::fs::{Mode, OFlags};
-    let me = std::process::id();
-    let v = MAPS.load(Ordering::Acquire);
-    if v != 0 && (v >> 32) as u32 == me {
-        // SAFETY: the number was opened by this process and stored with
-        // its pid, and it is kept from the program's closes. zmem closes
-        // it only with every descriptor of a pager that is let go or
-        // abandoned (`take_all`), when no thread of that pager is left and
-        // the program's threads no longer reach it; that resets `MAPS`.
-        return Ok(unsafe { BorrowedFd::borrow_raw(v as u32 as i32) });
-    }
-    let fd = zmem_common::fds::open_kept(wait, Errno::AGAIN, || {
+    zmem_common::fds::open_kept(Wait::Yes, Errno::AGAIN, || {
         rustix::fs::open("/proc/thread-self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-    })?;
-    let new = (u64::from(me) << 32) | u64::from(fd.as_raw_fd() as u32);
-    match MAPS.compare_exchange(v, new, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            // Closed only with a pager's descriptors: see `MAPS`.
-            let fd = fd.into_raw_kept();
-            // SAFETY: as above; this thread stored it.
-            Ok(unsafe { BorrowedFd::borrow_raw(fd) })
-        }
-        // Another thread of this process opened one first: ours goes.
-        Err(_) => {
-            drop(fd);
-            open_for_process(wait)
-        }
-    }
-}
-
-/// The process's maps file was closed with the rest of a pager's
-/// descriptors (`Pager::abandon_in_child`, which `Pager::let_go` calls
-/// too): the next use opens it again.
-pub(crate) fn forget_for_process() {
-    MAPS.store(0, Ordering::Release);
+    })
 }
 
 /// `/proc/self/maps` as text (kernels before `PROCMAP_QUERY`, 6.11), read
@@ -174,7 +132,15 @@ fn read_maps(fd: BorrowedFd<'_>) -> Result<String, Errno> {
 /// # Errors
 /// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read.
 pub fn mappings() -> Result<Vec<Vma>, Errno> {
-    let fd = open_for_process(Wait::Yes)?;
+    mappings_in(open_maps()?.as_fd())
+}
+
+/// [`mappings`], read from `fd`, a maps file of this process's
+/// ([`open_maps`]).
+///
+/// # Errors
+/// Neither `PROCMAP_QUERY` nor reading `fd` worked.
+pub fn mappings_in(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
     match query_all(fd) {
         Ok(v) => Ok(v),
         Err(Errno::NOTTY | Errno::INVAL) => parse_maps(&read_maps(fd)?),
@@ -229,16 +195,12 @@ fn query_all(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
     }
 }
 
-/// The kernel's mapping that covers `addr`, as `(start, end)`; `None`
-/// where nothing is mapped there. `wait`: whether to wait for the
-/// program's closes of descriptors to end (`zmem_common::fds`; never from
-/// the handler).
+/// The kernel's mapping that covers `addr`, as `(start, end)`, read from
+/// `fd` ([`open_maps`]); `None` where nothing is mapped there.
 ///
 /// # Errors
-/// Neither `PROCMAP_QUERY` nor `/proc/self/maps` could be read, or
-/// `EAGAIN` while the program closes descriptors.
-pub fn covering(addr: u64, wait: Wait) -> Result<Option<(u64, u64)>, Errno> {
-    let fd = open_for_process(wait)?;
+/// Neither `PROCMAP_QUERY` nor reading `fd` worked.
+pub fn covering(fd: BorrowedFd<'_>, addr: u64) -> Result<Option<(u64, u64)>, Errno> {
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.
@@ -262,10 +224,10 @@ pub fn covering(addr: u64, wait: Wait) -> Result<Option<(u64, u64)>, Errno> {
     }
 }
 
-/// Whether the mapping that covers `addr` is executable; `None` where
-/// nothing is mapped there or `PROCMAP_QUERY` cannot answer.
-pub fn executable(addr: u64) -> Option<bool> {
-    let fd = open_for_process(Wait::Yes).ok()?;
+/// Whether the mapping that covers `addr` is executable, read from `fd`
+/// ([`open_maps`]); `None` where nothing is mapped there or
+/// `PROCMAP_QUERY` cannot answer.
+pub fn executable(fd: BorrowedFd<'_>, addr: u64) -> Option<bool> {
     let mut q =
         ProcmapQuery { size: std::mem::size_of::<ProcmapQuery>() as u64, query_addr: addr, ..ProcmapQuery::default() };
     // SAFETY: as in query_all, with no name and no build id asked for.

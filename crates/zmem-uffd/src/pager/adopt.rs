@@ -157,7 +157,7 @@ impl Inner {
         inc(&self.counters.mapping_scans);
         // No thread is between its stack's mmap and its record meanwhile.
         let _spawns = owned::scan_lock();
-        let vmas = vmas::mappings().map_err(PagerError::Map)?;
+        let vmas = self.maps().and_then(vmas::mappings_in).map_err(PagerError::Map)?;
         let covered = self.covered();
         let mut adopted = 0;
         for (i, v) in vmas.iter().enumerate() {
@@ -318,7 +318,7 @@ impl Inner {
         // MOVE pages out of memory no COPY can put them back into (it did,
         // and Python read zeros).
         let (end, end_full) = (addr + len as u64, addr + full as u64);
-        let cut = match vmas::covering(addr, zmem_common::fds::Wait::Yes) {
+        let cut = match self.maps().and_then(|fd| vmas::covering(fd, addr)) {
             Ok(Some((s, e))) if s <= addr => e.min(end_full),
             Ok(_) => addr,
             Err(e) => {

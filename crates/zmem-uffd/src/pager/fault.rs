@@ -652,7 +652,7 @@ impl Inner {
         // userfaultfd, and the next mapping may be another's: the
         // program's own, or another pager's in the same process (a test's
         // zero pages once went over 11 pages another pager had evicted).
-        match crate::vmas::covering(page, zmem_common::fds::Wait::No) {
+        match self.maps().and_then(|fd| crate::vmas::covering(fd, page)) {
             Ok(Some((s, e))) if s <= page => end = end.min(e),
             _ => return,
         }

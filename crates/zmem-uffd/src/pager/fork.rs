@@ -79,9 +79,6 @@ impl Pager {
             // open, close(2) does nothing.
             unsafe { libc::close(fd) };
         }
-        // The process's maps file was among them: the next pager opens it
-        // again (`let_go`, in this process).
-        crate::vmas::forget_for_process();
     }
 
     /// Gives every region back to the program, whole and unregistered, as

@@ -189,6 +189,9 @@ struct Inner {
     /// `write_scans` at the last write-protect sweep (`lru.rs`).
     swept_at_scans: AtomicU64,
     tracking: bool,
+    /// This process's maps file (`vmas::open_maps`), or why it could not
+    /// be opened: for the scans, and for the mapping around an address.
+    maps: Result<zmem_common::fds::KeptFd, rustix::io::Errno>,
     next_region: AtomicU32,
     counters: Counters,
     stop: AtomicBool,
@@ -381,13 +384,9 @@ impl Pager {
         if poison {
             want = want | Features::POISON;
         }
-        if cfg.adopt.is_some() {
-            // Now, while the program waits for this start: its scans must
-            // read it after the program has changed its root.
-            if let Err(e) = crate::vmas::open_for_process(zmem_common::fds::Wait::Yes) {
-                log::debug!("/proc/thread-self/maps: {e}");
-            }
-        }
+        // Now, while the program waits for this start: the scans must read
+        // it after the program has changed its root.
+        let maps = crate::vmas::open_maps();
         let member = cfg.tree.as_deref().map(|p| crate::tree::Tree::open(p).and_then(crate::tree::Tree::join));
         let member = match member {
             // A forked child holding its handed-over memory must start.
@@ -414,6 +413,7 @@ impl Pager {
             lru_len: AtomicUsize::new(0),
             swept_at_scans: AtomicU64::new(0),
             tracking,
+            maps,
             next_region: AtomicU32::new(1),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
@@ -540,6 +540,12 @@ impl Drop for Pager {
 }
 
 impl Inner {
+    /// This process's maps file, kept since the pager's start.
+    fn maps(&self) -> Result<std::os::fd::BorrowedFd<'_>, rustix::io::Errno> {
+        use std::os::fd::AsFd;
+        self.maps.as_ref().map(AsFd::as_fd).map_err(|e| *e)
+    }
+
     pub(super) fn register_mode(&self) -> RegisterMode {
         RegisterMode { missing: true, wp: self.tracking }
     }

@@ -638,7 +638,11 @@ impl Inner {
                     if !switched
                         && !present.contains(&true)
                         && !failed.contains(&true)
-                        && crate::vmas::executable(src + off).is_some_and(|x| x != staging.is_exec(slot))
+                        && self
+                            .maps()
+                            .ok()
+                            .and_then(|fd| crate::vmas::executable(fd, src + off))
+                            .is_some_and(|x| x != staging.is_exec(slot))
                         && staging.occupied(slot, k).is_none_or(|o| !o.contains(&true)) =>
                 {
                     switched = true;
