@@ -470,10 +470,10 @@ pub(crate) fn leaving_root<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> 
     if SHIM_PID.load(Ordering::Relaxed) != std::process::id() || current().is_none() {
         return f();
     }
-    crate::stats::leave_root();
+    let left_before = crate::stats::leave_root();
     let r = f();
-    if failed(&r) {
-        crate::stats::not_gone();
+    if failed(&r) && !left_before {
+        crate::stats::root_kept();
     }
     r
 }

@@ -235,7 +235,6 @@ pub(crate) fn remove_for_good() {
 pub(crate) fn not_gone() {
     GONE.store(false, Ordering::SeqCst);
     EXITING.store(false, Ordering::SeqCst);
-    ROOT_LEFT.store(false, Ordering::SeqCst);
 }
 
 /// Set once the program changes its root (`chroot`, `pivot_root`): the
@@ -254,9 +253,20 @@ pub(crate) fn root_left() -> bool {
 
 /// The program is about to change its root: the stats file goes now, by
 /// its path while that still leads to it, and no other is written (see
-/// [`ROOT_LEFT`]). [`not_gone`] undoes it where the call failed.
-pub(crate) fn leave_root() {
+/// [`ROOT_LEFT`]). Returns whether the root had been left already.
+pub(crate) fn leave_root() -> bool {
+    let before = root_left();
     remove_file(&ROOT_LEFT);
+    before
+}
+
+/// The call that [`leave_root`] was for failed, and the root had not been
+/// left before: the stats thread writes the file again. A root left
+/// earlier stays left (a failed second `chroot`, or a failed seccomp call
+/// after a `chroot`, must not bring the file back inside it).
+pub(crate) fn root_kept() {
+    ROOT_LEFT.store(false, Ordering::SeqCst);
+    not_gone();
 }
 
 /// This process's resident memory, from `/proc/self/status` (0 where it
