@@ -412,7 +412,7 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let r = f();
-    take_back(old, inherited);
+    keeping_errno(|| take_back(old, inherited));
     r
 }
 
@@ -453,7 +453,7 @@ pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> boo
     let r = f();
     if failed(&r) {
         crate::stats::not_gone();
-        take_back(old, inherited);
+        keeping_errno(|| take_back(old, inherited));
     }
     r
 }
@@ -669,6 +669,17 @@ pub(crate) fn threshold() -> usize {
         None if TRIED.get().is_some() || CHILD.load(Ordering::Relaxed) => usize::MAX,
         None => Settings::DEFAULT_THRESHOLD,
     }
+}
+
+/// Runs `f`, the shim's own work after a call of the program's, and gives
+/// the program's thread back the `errno` that call left: starting a pager
+/// makes calls of its own, and the program reads `errno` after ours (Python
+/// read `EAGAIN` after an `unshare` that succeeded; a failed one would have
+/// reported the wrong error).
+fn keeping_errno(f: impl FnOnce()) {
+    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    f();
+    set_errno(e);
 }
 
 pub(crate) fn set_errno(e: c_int) {
