@@ -2518,6 +2518,87 @@ fn a_program_that_changes_its_root_stays_managed_and_leaves_nothing_there() {
     assert!(left.is_empty(), "zmem left {left:?} in the new root: {}", text(&o));
 }
 
+/// After a `chroot` (no `/proc` inside) a program's threads are counted
+/// and zmem's own are known without `/proc`:
+/// - `keep`: the main thread ends first (`pthread_exit`) and the process
+///   ends with its worker. zmem read `/proc/self/stat` by its path to see
+///   that only its own threads were left, and the process stayed, a
+///   zombie with zmem's threads, deaf to every signal but SIGKILL.
+/// - `drop`: the program gives up its capabilities with `capset` through
+///   glibc's `syscall`. zmem's threads kept all of root's (they were
+///   listed from `/proc/self/task`, and the shim's `syscall` did not look
+///   at `capset`); now zmem gives the memory back, runs unmanaged with one
+///   warning, and no thread of the process has a capability left.
+#[test]
+fn after_a_chroot_zmem_knows_its_threads_and_the_program_can_drop_its_capabilities_and_end() {
+    use std::io::{BufRead, Write};
+    let exe = compile_c_with("chroot_caps", &["-pthread"]);
+    for mode in ["keep", "drop"] {
+        let jail = tmpdir(&format!("chroot-caps-{mode}"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+        c.args(["run", "--limit", "32M", "--", exe.to_str().unwrap(), jail.to_str().unwrap(), "64", mode])
+            .env("ZMEM_PRELOAD", preload())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        let mut child = c.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut stderr = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut buf = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut buf);
+            buf
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in stdout.lines() {
+                let _ = tx.send(l.unwrap_or_default());
+            }
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(60));
+        let pid: u32 = match ready.as_deref().ok().and_then(|l| l.strip_prefix("ready ")) {
+            Some(p) => p.parse().unwrap(),
+            None => {
+                // SAFETY: kills the group the test made.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
+                panic!("{mode}: no ready line ({ready:?}): {}", err.join().unwrap());
+            }
+        };
+        let mut threads = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap_or("?").trim().to_string();
+            threads.push((comm.trim().to_string(), eff));
+        }
+        writeln!(stdin, "go").unwrap();
+        drop(stdin);
+        wait_or_kill_group(&mut child, 60, &format!("chroot_caps {mode}"));
+        let status = child.wait().unwrap();
+        let out: Vec<String> = rx.try_iter().collect();
+        let err = err.join().unwrap();
+        let what = format!("{mode}: {status:?}, threads {threads:?}\nstdout {out:?}\nstderr {err}");
+        assert_eq!(status.code(), Some(0), "{what}");
+        let worker = out.iter().find_map(|l| l.strip_prefix("worker: 0 bad words, maxrss_kib="));
+        let peak_kib: u64 = worker.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{what}"));
+        let warning = "changes its credentials or namespaces after changing its root";
+        if mode == "keep" {
+            assert!(threads.iter().any(|(c, _)| c.starts_with("zmem-")), "{what}");
+            // 128 MiB written; natively the peak is ~130 MiB.
+            assert!(peak_kib < 96 << 10, "peak RSS {peak_kib} KiB under a 32 MiB limit: {what}");
+            assert!(!err.contains(warning), "{what}");
+        } else {
+            assert!(threads.iter().all(|(c, eff)| !c.starts_with("zmem-") && eff == "0000000000000000"), "{what}");
+            assert_eq!(err.matches(warning).count(), 1, "{what}");
+        }
+        let left: Vec<_> = std::fs::read_dir(&jail).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(left.is_empty(), "zmem left {left:?} in the new root: {what}");
+    }
+}
+
 /// Debian's python3 with libseccomp's bindings (python3-seccomp).
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
 

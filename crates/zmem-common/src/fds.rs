@@ -356,6 +356,49 @@ pub fn open_kept<E>(wait: Wait, busy: E, open: impl FnOnce() -> Result<OwnedFd, 
     open().map(KeptFd::new)
 }
 
+/// Opens `path` read-only and keeps the descriptor for the rest of the
+/// process's life ([`keep_for_good`]), with no close of the program's in
+/// between: a `/proc` file read after the program changed its root, when
+/// its path leads nowhere. A forked child inherits it as it is (close on
+/// exec): it is still the parent's file.
+///
+/// # Errors
+/// Opening the file, or [`std::io::ErrorKind::WouldBlock`] if the
+/// program's closes kept it from being opened.
+pub fn open_for_good(path: &std::path::Path) -> std::io::Result<RawFd> {
+    let Some(_s) = Section::enter(Wait::Yes) else { return Err(std::io::ErrorKind::WouldBlock.into()) };
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(std::fs::File::open(path)?);
+    keep_for_good(fd);
+    Ok(fd)
+}
+
+/// Reads what a file kept open (`open_for_good`) holds now, from its
+/// start (`pread`, which moves no file position: any zmem thread may read
+/// it), as text.
+///
+/// # Errors
+/// Reading the file.
+pub fn pread_to_string(fd: RawFd) -> std::io::Result<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: buf is writable for its length; fd is one the caller
+        // keeps open for good.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) };
+        match n {
+            0 => break,
+            n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// A whole file as text, read through a kept descriptor: for the files
 /// zmem's threads read while the program runs (`/proc/self/statm`,
 /// `/proc/PID/stat`).

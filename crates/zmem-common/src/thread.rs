@@ -16,6 +16,7 @@
 //! signals (thread cancellation, `setuid` across threads) out of any mask.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::{Builder, JoinHandle};
 
 /// Signals that are a thread's own doing, left unblocked.
@@ -38,6 +39,7 @@ where
     // thread itself first thing, and by this thread too, in case the
     // thread faults on it before it runs a line of its own.
     let r = builder.spawn(move || {
+        let _listed = Listed::me();
         crate::tls::keep_resident();
         f()
     });
@@ -46,6 +48,68 @@ where
         crate::tls::pin_thread(t.as_pthread_t());
     }
     r
+}
+
+/// zmem's threads, as many as are listed at once (a pager runs about four,
+/// and the shim runs one pager a process).
+pub const LISTED: usize = 64;
+
+/// zmem's threads that are running, each `pid << 32 | tid` (0: a free
+/// slot), so that the shim knows them without `/proc`, which a program
+/// that changed its root no longer has: whether a thread but zmem's is
+/// left (the program's last thread ended) and whose capabilities to
+/// compare. A thread is listed from its first line to its last, not
+/// between its clone and its first line, nor after its last line: a
+/// count of the process's threads may hold one more than the list.
+///
+/// The pid tells this process's entries from those a forked child
+/// inherited (its parent's threads, which it does not have).
+static OURS: [AtomicU64; LISTED] = [const { AtomicU64::new(0) }; LISTED];
+
+/// The calling thread's entry in [`OURS`], freed when dropped.
+struct Listed(Option<&'static AtomicU64>);
+
+impl Listed {
+    fn me() -> Listed {
+        let pid = std::process::id();
+        // SAFETY: gettid has no preconditions and touches no memory.
+        let tid = unsafe { libc::gettid() } as u32;
+        let me = u64::from(pid) << 32 | u64::from(tid);
+        // A free slot, or one a forked child inherited from another
+        // process (its threads are not this process's).
+        let slot = OURS.iter().find(|s| {
+            let v = s.load(Ordering::Acquire);
+            (v == 0 || (v >> 32) as u32 != pid)
+                && s.compare_exchange(v, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        });
+        if slot.is_none() {
+            log::warn!("more than {LISTED} zmem threads: thread {tid} is not listed");
+        }
+        Listed(slot)
+    }
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        if let Some(s) = self.0 {
+            s.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// The thread ids of this process's zmem threads that are running (see
+/// [`OURS`]), in `out`; returns how many.
+pub fn ours(out: &mut [i32; LISTED]) -> usize {
+    let pid = std::process::id();
+    let mut n = 0;
+    for s in &OURS {
+        let v = s.load(Ordering::Acquire);
+        if v != 0 && (v >> 32) as u32 == pid {
+            out[n] = v as u32 as i32;
+            n += 1;
+        }
+    }
+    n
 }
 
 /// The calling thread's signal mask as it was before
@@ -134,5 +198,30 @@ mod tests {
         .unwrap();
         assert_eq!(t.join().unwrap(), (true, true, true, false));
         assert!(!blocks(libc::SIGTERM) && !blocks(libc::SIGINT), "the caller's mask is put back");
+    }
+
+    fn listed() -> Vec<i32> {
+        let mut out = [0; LISTED];
+        let n = ours(&mut out);
+        out[..n].to_vec()
+    }
+
+    #[test]
+    fn a_spawned_thread_is_listed_while_it_runs_and_no_longer_once_it_ended() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = spawn(Builder::new().name("listed".into()), move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            done_rx.recv().unwrap();
+        })
+        .unwrap();
+        let tid = rx.recv().unwrap();
+        assert!(listed().contains(&tid), "{tid} not in {:?}", listed());
+        // SAFETY: as above.
+        assert!(!listed().contains(&unsafe { libc::gettid() }), "a thread zmem did not spawn is listed");
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(!listed().contains(&tid), "{tid} still listed after it ended");
     }
 }

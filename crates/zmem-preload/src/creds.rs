@@ -22,7 +22,7 @@
 //! capabilities left zmem's threads, in its address space, with all of
 //! root's.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_long, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{gid_t, size_t, uid_t};
@@ -56,8 +56,12 @@ fn caps(tid: c_int) -> Option<[CapData; 2]> {
 /// Whether a thread of zmem's has capabilities other than the caller's.
 fn diverged() -> bool {
     let Some(mine) = caps(0) else { return false };
-    let zmem = crate::init::tasks().unwrap_or_default().into_iter().filter(|(_, comm)| crate::init::is_zmem(comm));
-    zmem.map(|(tid, _)| tid).any(|tid| caps(tid).is_some_and(|theirs| theirs != mine))
+    // Listed by zmem itself, not read from `/proc/self/task`: a program
+    // that changed its root has no `/proc`, and zmem's threads kept
+    // their capabilities when it gave up its own.
+    let mut zmem = [0; zmem_common::thread::LISTED];
+    let n = zmem_common::thread::ours(&mut zmem);
+    zmem[..n].iter().any(|&tid| caps(tid).is_some_and(|theirs| theirs != mine))
 }
 
 /// Makes the call `f`: with no thread of zmem's where their capabilities
@@ -118,9 +122,17 @@ set_ids! {
 #[no_mangle]
 pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     // SAFETY: the kernel's capset with the caller's arguments.
-    let r = unsafe { libc::syscall(libc::SYS_capset, header, data) } as c_int;
+    let call = || unsafe { crate::sandbox::direct(libc::SYS_capset, [header as c_long, data as c_long, 0, 0, 0, 0]) };
+    capabilities_set(call) as c_int
+}
+
+/// Makes `call`, a `capset` (glibc's, or through its `syscall`, as libcap
+/// makes it), and then what [`capset`] says; `call` gives the kernel's
+/// result (0 or -1).
+pub(crate) fn capabilities_set(call: impl FnOnce() -> c_long) -> c_long {
+    let r = call();
     if r == 0 && crate::init::is_shim_process() && crate::guard::guarded(diverged).unwrap_or(false) {
-        crate::init::single_threaded(|| ());
+        crate::init::keeping_errno(|| crate::init::single_threaded(|| ()));
     }
     r
 }

@@ -289,8 +289,15 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
 
 /// This process, for a message: the name the kernel keeps
 /// (`/proc/self/comm`) and its pid.
+/// Without `/proc` (a new root), the calling thread's name.
 fn program() -> String {
-    let comm = zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_default();
+    let comm = zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_else(|_| {
+        let mut name = [0u8; 16];
+        // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into
+        // the buffer it is given, which is ours and 16 bytes long.
+        unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+        String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(16)]).into_owned()
+    });
     format!("{} (pid {})", comm.trim_end(), std::process::id())
 }
 
@@ -405,6 +412,15 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
         return f();
     };
+    let root_left = crate::stats::root_left();
+    if root_left && old.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
+        log::warn!(
+            "{} changes its credentials or namespaces after changing its root (chroot): zmem gives its memory \
+             back first, and without /proc and the swap directory it cannot start a pager again. It runs \
+             unmanaged (no limit), as will any other process of the tree for this reason",
+            program()
+        );
+    }
     let inherited = let_go(old);
     // The io_uring workers of the swap file the pager closed end on their own.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -412,7 +428,9 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let r = f();
-    keeping_errno(|| take_back(old, inherited));
+    if !root_left {
+        keeping_errno(|| take_back(old, inherited));
+    }
     r
 }
 
@@ -451,7 +469,9 @@ pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> boo
     let inherited = let_go(old);
     crate::stats::remove_for_good();
     let r = f();
-    if failed(&r) {
+    // Not in a new root: a pager there would need `/proc` and the swap
+    // directory by their paths (see `single_threaded`).
+    if failed(&r) && !crate::stats::root_left() {
         crate::stats::not_gone();
         keeping_errno(|| take_back(old, inherited));
     }
@@ -470,6 +490,7 @@ pub(crate) fn leaving_root<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> 
     if SHIM_PID.load(Ordering::Relaxed) != std::process::id() || current().is_none() {
         return f();
     }
+    keep_self_stat();
     let left_before = crate::stats::leave_root();
     let r = f();
     if failed(&r) && !left_before {
@@ -523,8 +544,62 @@ fn take_back(old: &'static Shim, inherited: Vec<(usize, usize)>) {
 /// Whether a thread other than `but` and zmem's (`zmem-*`, and the
 /// io_uring workers of its swap file) is in this process (or `/proc`
 /// cannot tell).
+///
+/// Without `/proc` (the program changed its root) it counts instead: the
+/// process's threads ([`self_stat`]) against zmem's running ones
+/// (`zmem_common::thread::ours`). Any other thread counts then, an
+/// io_uring worker among them, until it ends on its own.
 pub(crate) fn others_than_zmem(but: i32) -> bool {
-    tasks().is_none_or(|t| t.iter().any(|(tid, comm)| *tid != but && !is_zmem(comm) && !comm.starts_with("iou-wrk-")))
+    match tasks() {
+        Some(t) => t.iter().any(|(tid, comm)| *tid != but && !is_zmem(comm) && !comm.starts_with("iou-wrk-")),
+        None => thread_count().is_none_or(|n| n > 1 + zmem_common::thread::ours(&mut [0; zmem_common::thread::LISTED])),
+    }
+}
+
+/// This process's `/proc/self/stat` (pid, state, ..., the threads and the
+/// main thread's exit status), read by its path, or, once the program
+/// changed its root, through the descriptor [`leaving_root`] kept.
+pub(crate) fn self_stat() -> Option<String> {
+    match zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/stat")) {
+        Ok(s) => Some(s),
+        Err(_) => {
+            let kept = SELF_STAT.load(Ordering::Acquire);
+            if kept == 0 || (kept >> 32) as u32 != std::process::id() {
+                return None;
+            }
+            zmem_common::fds::pread_to_string(kept as u32 as i32).ok()
+        }
+    }
+}
+
+/// Field `n` (from 1, as proc(5) numbers them) of a `/proc/PID/stat` line.
+pub(crate) fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    // After the name in parentheses, which may hold anything: field 3 on.
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(n.checked_sub(3)?)
+}
+
+/// The threads of this process now, by `/proc/self/stat` (field 20).
+fn thread_count() -> Option<usize> {
+    stat_field(&self_stat()?, 20)?.parse().ok()
+}
+
+/// `/proc/self/stat` kept open by a process that changed its root
+/// ([`leaving_root`]): `pid << 32 | fd`, or 0. The pid tells a forked
+/// child that the descriptor it inherited is its parent's file.
+static SELF_STAT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Opens `/proc/self/stat` for good, where this process has not yet
+/// (a regular file: unlike a directory's descriptor, it leads nowhere
+/// outside the new root).
+fn keep_self_stat() {
+    let me = std::process::id();
+    if (SELF_STAT.load(Ordering::Acquire) >> 32) as u32 == me {
+        return;
+    }
+    match zmem_common::fds::open_for_good(Path::new("/proc/self/stat")) {
+        Ok(fd) => SELF_STAT.store(u64::from(me) << 32 | u64::from(fd as u32), Ordering::Release),
+        Err(e) => log::debug!("/proc/self/stat: {e}"),
+    }
 }
 
 /// This process's threads now, (tid, name); `None` without `/proc`.
@@ -554,7 +629,11 @@ pub(crate) fn is_zmem(comm: &str) -> bool {
 
 /// The threads of this process now.
 fn threads() -> usize {
-    zmem_common::fds::dir_names(Wait::Yes, Path::new("/proc/self/task")).map_or(usize::MAX, |n| n.len())
+    zmem_common::fds::dir_names(Wait::Yes, Path::new("/proc/self/task"))
+        .map(|n| n.len())
+        .ok()
+        .or_else(thread_count)
+        .unwrap_or(usize::MAX)
 }
 
 /// Maps `len` bytes of managed memory, or `None` (the caller falls back).
@@ -676,7 +755,7 @@ pub(crate) fn threshold() -> usize {
 /// makes calls of its own, and the program reads `errno` after ours (Python
 /// read `EAGAIN` after an `unshare` that succeeded; a failed one would have
 /// reported the wrong error).
-fn keeping_errno(f: impl FnOnce()) {
+pub(crate) fn keeping_errno(f: impl FnOnce()) {
     let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     f();
     set_errno(e);

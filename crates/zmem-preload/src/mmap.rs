@@ -1,7 +1,7 @@
 //! mmap, munmap, mremap and madvise: anonymous private RW mappings of
 //! `ZMEM_THRESHOLD` or more are managed; the rest go to the kernel.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_long, c_void};
 use zmem_common::RwLockExt;
 
 use crate::guard::guarded;
@@ -222,7 +222,12 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
     // SAFETY: the kernel's unshare with the caller's argument.
-    let call = || unsafe { libc::syscall(libc::SYS_unshare, flags) } as c_int;
+    unsharing(flags, || unsafe { crate::sandbox::direct(libc::SYS_unshare, [flags as c_long, 0, 0, 0, 0, 0]) } as c_int)
+}
+
+/// Makes `call`, an `unshare(flags)` (glibc's, or through its `syscall`),
+/// as [`unshare`] says.
+pub(crate) fn unsharing<R>(flags: c_int, call: impl FnOnce() -> R) -> R {
     if flags & (libc::CLONE_NEWUSER | libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_VM) != 0 {
         crate::init::single_threaded(call)
     } else {
@@ -237,7 +242,14 @@ pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     // SAFETY: the kernel's setns with the caller's arguments.
-    let call = || unsafe { libc::syscall(libc::SYS_setns, fd, nstype) } as c_int;
+    let call =
+        || unsafe { crate::sandbox::direct(libc::SYS_setns, [fd as c_long, nstype as c_long, 0, 0, 0, 0]) } as c_int;
+    entering_ns(fd, nstype, call)
+}
+
+/// Makes `call`, a `setns(fd, nstype)` (glibc's, or through its
+/// `syscall`), as [`setns`] says.
+pub(crate) fn entering_ns<R>(fd: c_int, nstype: c_int, call: impl FnOnce() -> R) -> R {
     /// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)`: what namespace `fd` is.
     const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
     /// `CLONE_NEWTIME`, which the libc crate lacks.

@@ -92,12 +92,35 @@ pub unsafe extern "C" fn syscall(
     // SAFETY: the caller's system call with the caller's arguments, as
     // glibc's `syscall` would make it.
     let call = || unsafe { raw(n, [a1, a2, a3, a4, a5, a6]) };
-    if n == libc::SYS_seccomp && installs(a1, a2, a3) {
-        crate::init::sandboxed(call, |&r| r < 0)
-    } else if n == libc::SYS_chroot || n == libc::SYS_pivot_root {
-        crate::init::leaving_root(call, |&r| r < 0)
-    } else {
-        call()
+    match n {
+        libc::SYS_seccomp if installs(a1, a2, a3) => crate::init::sandboxed(call, |&r| r < 0),
+        libc::SYS_chroot | libc::SYS_pivot_root => crate::init::leaving_root(call, |&r| r < 0),
+        // The same as glibc's own wrappers (`creds.rs`, `mmap.rs`): libcap
+        // makes its `capset` here, and Go's cgo runtime its `unshare`.
+        libc::SYS_capset => crate::creds::capabilities_set(call),
+        libc::SYS_unshare => crate::mmap::unsharing(a1 as c_int, call),
+        libc::SYS_setns => crate::mmap::entering_ns(a1 as c_int, a2 as c_int, call),
+        _ => call(),
+    }
+}
+
+/// The system call `n`, as glibc's `syscall` makes it: `-1` with `errno`
+/// for a result in `[-4095, -1]`. The shim's wrappers make theirs here,
+/// not through `libc::syscall`, which binds to the shim's `syscall` above
+/// (and would take them through what it looks at a second time).
+///
+/// # Safety
+/// What the call does with its arguments is the caller's to answer for.
+pub(crate) unsafe fn direct(n: c_long, a: [c_long; 6]) -> c_long {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { raw(n, a) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]) }
     }
 }
 
@@ -283,17 +306,15 @@ fn probe() {}
 /// end (field 52 of `/proc/self/stat`), that is what is returned.
 pub(crate) fn program_gone() -> Option<u32> {
     let me = std::process::id();
-    let stat = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/self/stat".as_ref()).ok()?;
-    // After the name in parentheses, which may hold anything: field 3 on.
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    if fields.first() != Some(&"Z") {
+    let stat = crate::init::self_stat()?;
+    if crate::init::stat_field(&stat, 3) != Some("Z") {
         return None;
     }
     // The main thread is the zombie, its tid the pid.
     if crate::init::others_than_zmem(me as i32) {
         return None;
     }
-    fields.get(52 - 3)?.parse().ok()
+    crate::init::stat_field(&stat, 52)?.parse().ok()
 }
 
 /// Ends this process with the wait status `status` that its program left
