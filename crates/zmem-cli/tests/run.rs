@@ -2518,6 +2518,34 @@ fn a_program_that_changes_its_root_stays_managed_and_leaves_nothing_there() {
     assert!(left.is_empty(), "zmem left {left:?} in the new root: {}", text(&o));
 }
 
+/// A fork gives the child what the kernel would, whatever the program
+/// advised on part of a managed mapping, in both ways zmem forks (a
+/// load-back and a hand-over, `ZMEM_FORK_EVENT=1`). With a hand-over the
+/// child read the parent's evicted pages where `MADV_WIPEONFORK` gave it
+/// an empty mapping (a random generator's state, with BoringSSL), and
+/// zeros past any split of the mapping (a `madvise` or `mprotect` on
+/// part of it: `MADV_HUGEPAGE` here), about 21 MB of 32; after a
+/// `MADV_DONTFORK` half it adopted its own pager's mappings there and hung.
+#[test]
+fn a_forked_child_gets_what_the_kernel_gives_where_part_of_a_mapping_is_wiped_not_copied_or_split() {
+    let exe = compile_c("fork_advice");
+    for event in ["0", "1"] {
+        for advice in ["18", "10", "14"] {
+            let o = zmem(
+                &["run", "--limit", "32M", "--", exe.to_str().unwrap(), advice],
+                &[("ZMEM_FORK_EVENT", event)],
+                60,
+            );
+            let what = format!("ZMEM_FORK_EVENT={event}, advice {advice}: {}", text(&o));
+            assert_eq!(o.status.code(), Some(0), "{what}");
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.contains("child: 0 nonzero bytes wiped, 0 bad bytes"), "{what}");
+            assert!(out.contains("parent: 0 bad bytes, child ok"), "{what}");
+            assert!(!String::from_utf8_lossy(&o.stderr).contains("could not"), "{what}");
+        }
+    }
+}
+
 /// After a `chroot` (no `/proc` inside) a program's threads are counted
 /// and zmem's own are known without `/proc`:
 /// - `keep`: the main thread ends first (`pthread_exit`) and the process

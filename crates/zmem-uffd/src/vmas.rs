@@ -224,6 +224,55 @@ pub fn covering(fd: BorrowedFd<'_>, addr: u64) -> Result<Option<(u64, u64)>, Err
     }
 }
 
+/// Where the run of mappings that starts with the one covering `addr`
+/// ends, with no gap between them, at most `end`; `addr` where nothing is
+/// mapped there. A region the program split (an `mprotect` or a `madvise`
+/// on part of it) is such a run.
+pub fn mapped_through(fd: BorrowedFd<'_>, addr: u64, end: u64) -> Result<u64, Errno> {
+    let mut at = addr;
+    while at < end {
+        match covering(fd, at)? {
+            Some((s, e)) if s <= at && e > at => at = e,
+            _ => break,
+        }
+    }
+    Ok(at.min(end))
+}
+
+/// The mappings a forked child does not get as they are: `MADV_DONTFORK`
+/// (`dc` among the `VmFlags` of `/proc/thread-self/smaps`: the child has
+/// none there) and `MADV_WIPEONFORK` (`wf`: the child's is empty). Read
+/// in full (the kernel counts each mapping's pages for `smaps`), so only
+/// where a fork needs it.
+pub fn not_inherited() -> Result<Vec<(u64, u64)>, Errno> {
+    let text = zmem_common::fds::read_to_string(Wait::Yes, "/proc/thread-self/smaps".as_ref())
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+    Ok(parse_not_inherited(&text))
+}
+
+/// [`not_inherited`] of an `smaps` text.
+pub fn parse_not_inherited(text: &str) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut range = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(r) = range.take().filter(|_| flags.split_ascii_whitespace().any(|f| f == "wf" || f == "dc")) {
+                out.push(r);
+            }
+            continue;
+        }
+        // A mapping's first line: `start-end perms offset dev inode [name]`;
+        // every other line is `Key: value`.
+        let Some(first) = line.split_ascii_whitespace().next().filter(|w| !w.ends_with(':')) else { continue };
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                range = Some((a, b));
+            }
+        }
+    }
+    out
+}
+
 /// Whether the mapping that covers `addr` is executable, read from `fd`
 /// ([`open_maps`]); `None` where nothing is mapped there or
 /// `PROCMAP_QUERY` cannot answer.
@@ -378,6 +427,53 @@ fn read_own(addr: u64, buf: &mut [u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smaps_mappings_marked_dontfork_or_wipeonfork_are_not_inherited() {
+        let text = "\
+7f0000000000-7f0000200000 rw-p 00000000 00:00 0 \n\
+Size:               2048 kB\n\
+VmFlags: rd wr mr mw me ac wf \n\
+7f0000200000-7f0000400000 rw-p 00000000 00:00 0 \n\
+VmFlags: rd wr mr mw me ac \n\
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0                          [heap]\n\
+Rss:                  12 kB\n\
+VmFlags: rd wr mr mw me dc ac \n\
+7f0000600000-7f0000800000 rw-p 00000000 00:00 0 \n\
+VmFlags: rd wr mr mw me ac wfx \n";
+        assert_eq!(
+            parse_not_inherited(text),
+            vec![(0x7f00_0000_0000, 0x7f00_0020_0000), (0x7f00_0040_0000, 0x7f00_0060_0000)]
+        );
+    }
+
+    #[test]
+    fn a_mapping_split_in_two_is_mapped_through_to_its_end_and_a_gap_ends_it() {
+        let page = 4096usize;
+        // SAFETY: a fresh anonymous mapping of ours, split by mprotect and
+        // cut by munmap; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as u64;
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::mprotect((base + 2 * page as u64) as *mut _, page, libc::PROT_READ) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::munmap((base + 6 * page as u64) as *mut _, page) }, 0);
+        let fd = open_maps().unwrap();
+        let at = |p: usize| base + (p * page) as u64;
+        assert_eq!(mapped_through(fd.as_fd(), at(0), at(8)).unwrap(), at(6));
+        assert_eq!(mapped_through(fd.as_fd(), at(0), at(4)).unwrap(), at(4));
+        assert_eq!(mapped_through(fd.as_fd(), at(6), at(8)).unwrap(), at(6));
+        // SAFETY: as above.
+        unsafe { libc::munmap(base as *mut _, 8 * page) };
+    }
 
     #[test]
     fn the_query_and_the_text_agree_on_a_fresh_mapping() {

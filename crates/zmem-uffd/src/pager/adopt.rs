@@ -317,8 +317,20 @@ impl Inner {
         // is a hole of the region and is unregistered: eviction must never
         // MOVE pages out of memory no COPY can put them back into (it did,
         // and Python read zeros).
+        //
+        // In a forked child taking its parent's pages over (`has`), the
+        // program has not run since the fork: a boundary there is one the
+        // parent's region had (the program split it with an `mprotect` or
+        // a `madvise` on part of it), each side registered, and only a gap
+        // ends the range (a `MADV_DONTFORK` mapping, which the child does
+        // not have). Cut at the first boundary, the pages past it (evicted
+        // in the parent, unregistered here) read as zeros.
         let (end, end_full) = (addr + len as u64, addr + full as u64);
-        let cut = match self.maps().and_then(|fd| vmas::covering(fd, addr)) {
+        let through = |fd| match has {
+            Some(_) => vmas::mapped_through(fd, addr, end_full).map(|e| Some((addr, e))),
+            None => vmas::covering(fd, addr),
+        };
+        let cut = match self.maps().and_then(through) {
             Ok(Some((s, e))) if s <= addr => e.min(end_full),
             Ok(_) => addr,
             Err(e) => {
@@ -353,6 +365,8 @@ impl Inner {
         let ppf = fs / PAGE_SIZE;
         let pages = len / PAGE_SIZE;
         let mut take = has.map(|_| vec![false; pages]);
+        // Pages past a cut are a hole of the region: none is taken.
+        let upto = if cut < end { (cut - addr) as usize / PAGE_SIZE } else { pages };
         let mut p = 0;
         while p < pages {
             let n = PAGEMAP_CHUNK.min(pages - p);
@@ -367,9 +381,9 @@ impl Inner {
                 // The pages of this folio the parent's snapshot has and this
                 // process lacks: evicted here.
                 let evicted: Vec<bool> = match has {
-                    Some(h) => {
-                        (0..chunk.len()).map(|j| !chunk[j] && h.get(f * ppf + j).copied().unwrap_or(false)).collect()
-                    }
+                    Some(h) => (0..chunk.len())
+                        .map(|j| !chunk[j] && f * ppf + j < upto && h.get(f * ppf + j).copied().unwrap_or(false))
+                        .collect(),
                     None => Vec::new(),
                 };
                 let any_evicted = evicted.contains(&true);

@@ -134,6 +134,26 @@ impl ChildEdits {
         (!self.dropped.iter().any(|&(s, e)| (s..e).contains(&a))).then_some(a)
     }
 
+    /// The parts of the parent's range `[a, b)` that the child has not
+    /// dropped (as it was at fork: `dropped` is in the child's addresses,
+    /// which are the parent's where nothing moved).
+    fn kept_of(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let mut parts = vec![(a, b)];
+        for &(s, e) in &self.dropped {
+            parts = parts
+                .into_iter()
+                .flat_map(|(x, y)| {
+                    if e <= x || s >= y {
+                        vec![(x, y)]
+                    } else {
+                        [(x, s.max(x)), (e.min(y), y)].into_iter().filter(|(p, q)| p < q).collect()
+                    }
+                })
+                .collect();
+        }
+        parts
+    }
+
     /// The parent's address of the child's page at `a`; `None` if the
     /// child dropped it (it reads as zeros).
     fn to_parent(&self, a: u64) -> Option<u64> {
@@ -327,7 +347,24 @@ impl Inner {
         self.serving_child.store(true, Ordering::Release);
         let link = self.link_parent.lock_ok().take();
         let child = self.uffd.forked(child);
-        let mut edits = ChildEdits::default();
+        // What the child did not inherit is as if it had dropped it: a
+        // `MADV_DONTFORK` mapping it does not have, and a `MADV_WIPEONFORK`
+        // one the kernel gave it empty. The parent's pages there would
+        // hand the child what the program wiped (a random generator's
+        // state), or a region over memory that is not the child's (the
+        // child's pager maps its own there before it takes its memory
+        // over: it adopted them, and hung).
+        // (No `/proc` after a `chroot`: such a child runs unmanaged, and
+        // takes nothing over.)
+        let dropped = crate::vmas::not_inherited().unwrap_or_else(|e| {
+            if e == rustix::io::Errno::NOENT {
+                log::debug!("no /proc/thread-self/smaps: a fork's mappings are taken as all copied");
+            } else {
+                log::warn!("reading which mappings a fork does not copy failed ({e}): taken as none");
+            }
+            Vec::new()
+        });
+        let mut edits = ChildEdits { dropped, ..ChildEdits::default() };
         let deadline = Instant::now() + HANDOVER_TIMEOUT;
         let mut pending: Vec<u64> = Vec::new();
         let outcome = loop {
@@ -535,8 +572,10 @@ impl Inner {
         for st in self.regions.read_ok().values() {
             let base = st.start.load(Ordering::Acquire);
             for (a, b) in st.mapped_parts() {
-                if let (Some(ca), Some(_)) = (edits.to_child(base + a as u64), edits.to_child(base + b as u64 - 1)) {
-                    spans.push((ca, ca + (b - a) as u64));
+                for (a, b) in edits.kept_of(base + a as u64, base + b as u64) {
+                    if let (Some(ca), Some(_)) = (edits.to_child(a), edits.to_child(b - 1)) {
+                        spans.push((ca, ca + (b - a)));
+                    }
                 }
             }
         }
@@ -792,5 +831,20 @@ impl Inner {
             }
         }
         Ok(failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChildEdits;
+
+    #[test]
+    fn what_the_child_dropped_splits_a_range_and_the_rest_is_kept() {
+        let edits =
+            ChildEdits { dropped: vec![(0x3000, 0x5000), (0x8000, 0x9000), (0x20000, 0x30000)], moved: Vec::new() };
+        assert_eq!(edits.kept_of(0x1000, 0xa000), vec![(0x1000, 0x3000), (0x5000, 0x8000), (0x9000, 0xa000)]);
+        assert_eq!(edits.kept_of(0x3000, 0x5000), Vec::<(u64, u64)>::new());
+        assert_eq!(edits.kept_of(0x10000, 0x11000), vec![(0x10000, 0x11000)]);
+        assert_eq!(edits.kept_of(0x4000, 0x6000), vec![(0x5000, 0x6000)]);
     }
 }
