@@ -379,12 +379,23 @@ pub fn open_for_good(path: &std::path::Path) -> std::io::Result<RawFd> {
 /// # Errors
 /// Reading the file.
 pub fn pread_to_string(fd: RawFd) -> std::io::Result<String> {
+    read_text(fd, true)
+}
+
+/// What `fd` reads as, to its end, as text: from its start with `pread`
+/// where `positioned`, else from where it is with `read`.
+fn read_text(fd: RawFd, positioned: bool) -> std::io::Result<String> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        // SAFETY: buf is writable for its length; fd is one the caller
-        // keeps open for good.
-        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) };
+        let n = if positioned {
+            // SAFETY: buf is writable for its length; fd is open (the
+            // caller's contract).
+            unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) }
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) }
+        };
         match n {
             0 => break,
             n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
@@ -409,23 +420,7 @@ pub fn pread_to_string(fd: RawFd) -> std::io::Result<String> {
 pub fn read_to_string(wait: Wait, path: &std::path::Path) -> std::io::Result<String> {
     let busy = std::io::ErrorKind::WouldBlock.into();
     let fd = open_kept(wait, busy, || std::fs::File::open(path).map(OwnedFd::from))?;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: buf is writable for its length; fd is open (kept).
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        match n {
-            0 => break,
-            n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    read_text(fd.as_raw_fd(), false)
 }
 
 /// The names in a directory (`.` and `..` left out), read through a kept
