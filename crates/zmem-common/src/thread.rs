@@ -16,7 +16,7 @@
 //! signals (thread cancellation, `setuid` across threads) out of any mask.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{Builder, JoinHandle};
 
 /// Signals that are a thread's own doing, left unblocked.
@@ -95,6 +95,26 @@ impl Drop for Listed {
             s.store(0, Ordering::Release);
         }
     }
+}
+
+/// Whether zmem's io_uring reads may go to a kernel worker thread
+/// (`iou-wrk-TID`) when they would block; see [`no_new_io_workers`].
+static IO_WORKERS: AtomicBool = AtomicBool::new(true);
+
+/// From now on, zmem's io_uring reads that would block fail with EAGAIN
+/// (`RWF_NOWAIT`) instead of starting a worker thread: a process that
+/// changed its root can no longer tell such a worker from a thread of the
+/// program's (it has no `/proc`), so the workers it has then are noted
+/// and no new one may come. For the whole process, its forked children
+/// included.
+pub fn no_new_io_workers() {
+    IO_WORKERS.store(false, Ordering::SeqCst);
+}
+
+/// Whether zmem's io_uring reads may start worker threads (see
+/// [`no_new_io_workers`]).
+pub fn io_workers_allowed() -> bool {
+    IO_WORKERS.load(Ordering::SeqCst)
 }
 
 /// The thread ids of this process's zmem threads that are running (see

@@ -552,7 +552,49 @@ fn take_back(old: &'static Shim, inherited: Vec<(usize, usize)>) {
 pub(crate) fn others_than_zmem(but: i32) -> bool {
     match tasks() {
         Some(t) => t.iter().any(|(tid, comm)| *tid != but && !is_zmem(comm) && !comm.starts_with("iou-wrk-")),
-        None => thread_count().is_none_or(|n| n > 1 + zmem_common::thread::ours(&mut [0; zmem_common::thread::LISTED])),
+        None => thread_count().is_none_or(|n| {
+            n > 1 + zmem_common::thread::ours(&mut [0; zmem_common::thread::LISTED]) + io_workers_alive()
+        }),
+    }
+}
+
+/// zmem's io_uring workers (`iou-wrk-TID`, TID a thread of zmem's) when
+/// the program changed its root ([`keep_self_stat`]): `pid << 32 | tid`,
+/// 0 for none. No new one comes after (`no_new_io_workers`).
+/// (The kernel's bound for a ring's workers is 4 a CPU, at most the ring's
+/// 64 entries.)
+static IO_WORKERS: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+
+/// How many of [`IO_WORKERS`] still run: a thread of this process by
+/// that id (`tgkill` with no signal, which needs no `/proc`).
+fn io_workers_alive() -> usize {
+    let me = std::process::id();
+    IO_WORKERS
+        .iter()
+        .map(|w| w.load(Ordering::Acquire))
+        .filter(|&w| w != 0 && (w >> 32) as u32 == me)
+        // SAFETY: signal 0 only checks that thread `tid` of this process
+        // exists; nothing is sent.
+        .filter(|&w| unsafe { libc::syscall(libc::SYS_tgkill, me, w as u32 as i32, 0) } == 0)
+        .count()
+}
+
+/// Notes zmem's io_uring workers while `/proc` is there, after keeping
+/// new ones from starting.
+fn note_io_workers() {
+    zmem_common::thread::no_new_io_workers();
+    let me = std::process::id();
+    let mut zmem = [0; zmem_common::thread::LISTED];
+    let n = zmem_common::thread::ours(&mut zmem);
+    let ours = |comm: &str| {
+        comm.trim_end()
+            .strip_prefix("iou-wrk-")
+            .and_then(|t| t.parse::<i32>().ok())
+            .is_some_and(|t| zmem[..n].contains(&t))
+    };
+    let workers = tasks().unwrap_or_default().into_iter().filter(|(_, comm)| ours(comm));
+    for (slot, (tid, _)) in IO_WORKERS.iter().zip(workers) {
+        slot.store(u64::from(me) << 32 | u64::from(tid as u32), Ordering::Release);
     }
 }
 
@@ -600,6 +642,7 @@ fn keep_self_stat() {
         Ok(fd) => SELF_STAT.store(u64::from(me) << 32 | u64::from(fd as u32), Ordering::Release),
         Err(e) => log::debug!("/proc/self/stat: {e}"),
     }
+    note_io_workers();
 }
 
 /// This process's threads now, (tid, name); `None` without `/proc`.

@@ -241,17 +241,18 @@ impl SwapFile {
                 .iter_mut()
                 .map(|p| libc::iovec { iov_base: p.as_mut_slice().as_mut_ptr().cast(), iov_len: PAGE_SIZE })
                 .collect();
-            // RWF_NOWAIT: a read that would block (the inode's lock taken
-            // by a write, a busy queue) fails with EAGAIN, and is dropped,
-            // instead of going to a kernel worker thread (`iou-wrk-*`).
-            // Such a worker is a thread of the program's process, and the
-            // last one idle stays for as long as the handler lives: after
-            // a `chroot`, where zmem can no longer tell threads apart by
-            // their names, it looked like a thread of the program's and
-            // kept a process whose program had ended from ending.
+            // A read that would block (the inode's lock taken by a write, a
+            // busy queue) goes to a kernel worker thread (`iou-wrk-*`), a
+            // thread of the program's process; the last one idle stays as
+            // long as the handler. Once the program has changed its root
+            // (`zmem_common::thread::no_new_io_workers`), zmem can no longer
+            // tell a new one from a thread of the program's: then
+            // RWF_NOWAIT, and such a read fails with EAGAIN and is dropped
+            // (a walk's reads served ahead: 91-96%, against 96-99%).
+            let nowait = if zmem_common::thread::io_workers_allowed() { 0 } else { libc::RWF_NOWAIT };
             let entry = opcode::Readv::new(types::Fd(self.file.as_raw_fd()), run.iov.as_ptr(), k as u32)
                 .offset(u64::from(first) * PAGE_SIZE as u64)
-                .rw_flags(libc::RWF_NOWAIT)
+                .rw_flags(nowait)
                 .build()
                 .user_data(ticket);
             // SAFETY: the iovecs and the pages they point to belong to
