@@ -283,10 +283,7 @@ fn tree_members(root: u32) -> Vec<u32> {
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        // "pid (comm) state ppid ..."; comm may hold spaces and parens.
-        let Some(ppid) = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok()) else {
-            continue;
-        };
+        let Some(ppid) = zmem_common::stat_field(&stat, 4).and_then(|p| p.parse().ok()) else { continue };
         parent.insert(pid, ppid);
     }
     let in_tree = |mut p: u32| {

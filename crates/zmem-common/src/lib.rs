@@ -27,6 +27,13 @@ pub fn kb_field(t: &str, key: &str) -> Option<u64> {
     Some(v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? << 10)
 }
 
+/// Field `n` (from 1, as proc(5) numbers them) of a `/proc/PID/stat` line.
+/// The name (field 2) is in parentheses and may hold anything, spaces and
+/// parentheses included: fields from 3 on are counted after the last `)`.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(n.checked_sub(3)?)
+}
+
 /// The defaults, in one place: the library configs, `zmem run`'s settings
 /// and the CLI's flags all take them from here.
 pub mod defaults {
@@ -182,6 +189,16 @@ mod tests {
         let rw = RwLock::new(5);
         *rw.write_ok() += 1;
         assert_eq!(*rw.read_ok(), 6);
+    }
+
+    #[test]
+    fn a_stat_field_is_counted_after_the_name_whatever_it_holds() {
+        let t = "42 (a) b (c) 7) S 1 42 42 0 -1";
+        assert_eq!(stat_field(t, 3), Some("S"));
+        assert_eq!(stat_field(t, 4), Some("1"));
+        assert_eq!(stat_field(t, 8), Some("-1"));
+        assert_eq!(stat_field(t, 9), None);
+        assert_eq!(stat_field(t, 2), None);
     }
 
     #[test]

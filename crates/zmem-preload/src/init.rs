@@ -614,15 +614,9 @@ pub(crate) fn self_stat() -> Option<String> {
     }
 }
 
-/// Field `n` (from 1, as proc(5) numbers them) of a `/proc/PID/stat` line.
-pub(crate) fn stat_field(stat: &str, n: usize) -> Option<&str> {
-    // After the name in parentheses, which may hold anything: field 3 on.
-    stat[stat.rfind(')')? + 1..].split_whitespace().nth(n.checked_sub(3)?)
-}
-
 /// The threads of this process now, by `/proc/self/stat` (field 20).
 fn thread_count() -> Option<usize> {
-    stat_field(&self_stat()?, 20)?.parse().ok()
+    zmem_common::stat_field(&self_stat()?, 20)?.parse().ok()
 }
 
 /// `/proc/self/stat` kept open by a process that changed its root

@@ -95,8 +95,9 @@ pub unsafe extern "C" fn syscall(
     match n {
         libc::SYS_seccomp if installs(a1, a2, a3) => crate::init::sandboxed(call, |&r| r < 0),
         libc::SYS_chroot | libc::SYS_pivot_root => crate::init::leaving_root(call, |&r| r < 0),
-        // The same as glibc's own wrappers (`creds.rs`, `mmap.rs`): libcap
-        // makes its `capset` here, and Go's cgo runtime its `unshare`.
+        // The same as glibc's own wrappers (`creds.rs`, `mmap.rs`): a
+        // program may make these calls either way (libcap's syscaller
+        // makes its calls through `syscall`).
         libc::SYS_capset => crate::creds::capabilities_set(call),
         libc::SYS_unshare => crate::mmap::unsharing(a1 as c_int, call),
         libc::SYS_setns => crate::mmap::entering_ns(a1 as c_int, a2 as c_int, call),
@@ -307,14 +308,14 @@ fn probe() {}
 pub(crate) fn program_gone() -> Option<u32> {
     let me = std::process::id();
     let stat = crate::init::self_stat()?;
-    if crate::init::stat_field(&stat, 3) != Some("Z") {
+    if zmem_common::stat_field(&stat, 3) != Some("Z") {
         return None;
     }
     // The main thread is the zombie, its tid the pid.
     if crate::init::others_than_zmem(me as i32) {
         return None;
     }
-    crate::init::stat_field(&stat, 52)?.parse().ok()
+    zmem_common::stat_field(&stat, 52)?.parse().ok()
 }
 
 /// Ends this process with the wait status `status` that its program left

@@ -402,12 +402,8 @@ impl Drop for Member {
 fn stat(pid: u32) -> Option<(u64, bool)> {
     let path = format!("/proc/{pid}/stat");
     let text = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, path.as_ref()).ok()?;
-    // The name (field 2) is in parentheses and may hold anything.
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?;
-    // Fields 4..=21 come before the start time.
-    let start = f.nth(18)?.parse().ok()?;
+    let state = zmem_common::stat_field(&text, 3)?;
+    let start = zmem_common::stat_field(&text, 22)?.parse().ok()?;
     Some((start, matches!(state, "Z" | "X" | "x")))
 }
 
