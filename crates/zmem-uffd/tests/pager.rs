@@ -1400,6 +1400,78 @@ fn move_to(from: u64, n: usize, to: u64) {
     assert_eq!(new.unwrap() as u64, to);
 }
 
+/// A fault on a page of a folio whose eviction is being stored waits for
+/// the whole pass (`Served::Busy`, looked at again every 50 µs or so):
+/// `eviction_waits` counts the fault once, however often it was looked at
+/// (it counted every look: thousands for one fault here), and
+/// `eviction_wait_ns` holds how long it waited. The store is slowed
+/// (`inject_store_delay`), and the page touched is one a partial load left
+/// in the tier, so it faults whether or not the MOVE has run yet.
+#[test]
+fn a_fault_on_a_folio_being_stored_counts_one_wait_and_how_long() {
+    let _wd = watchdog("eviction wait", 90);
+    let ppf = 16;
+    let delay = Duration::from_millis(150);
+    let cfg = PagerConfig {
+        folio_size: ppf * PAGE_SIZE,
+        fault_around: PAGE_SIZE,
+        read_ahead: 0,
+        inject_store_delay: delay,
+        ..PagerConfig::with_limit(4 << 20)
+    };
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(8 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    let mut waited = None;
+    for _attempt in 0..5 {
+        // Folio 0 out, then its page 0 alone back: pages 1..16 stay in the tier.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while r.is_resident(0) && std::time::Instant::now() < deadline {
+            p.reclaim_now();
+        }
+        assert!(!r.is_resident(0), "folio 0 was never evicted: {:?}", p.stats());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !r.is_resident(0) && std::time::Instant::now() < deadline {
+            assert_eq!(check_page(&r, 0, 1), 0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(r.is_resident(0), "{:?}", p.stats());
+        // Reads elsewhere push folio 0 (now the coldest) out; page 1 is
+        // read the moment it is isolated, while its pass sleeps. (Those
+        // reads may wait for the pass too: they are not counted.)
+        let mut rounds = 0;
+        while r.is_resident(0) && rounds < 20 * pages {
+            let pg = ppf + rounds % (pages - ppf);
+            assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+            rounds += 1;
+        }
+        assert!(!r.is_resident(0), "folio 0 was never evicted again: {:?}", p.stats());
+        let before = p.stats();
+        assert_eq!(check_page(&r, 1, 1), 0, "page 1");
+        // The handler adds the wait once its COPY (which woke this thread)
+        // has returned.
+        let s = stats_when(&p, |s| {
+            s.eviction_waits == before.eviction_waits || s.eviction_wait_ns > before.eviction_wait_ns
+        });
+        let (n, ns) = (s.eviction_waits - before.eviction_waits, s.eviction_wait_ns - before.eviction_wait_ns);
+        if n > 0 {
+            waited = Some((n, ns, s));
+            break;
+        }
+        // The pass had ended before the read (this thread was off its CPU
+        // for the whole delay): again.
+    }
+    let (n, ns, s) = waited.expect("no read of five found its folio being stored");
+    // One read, one fault; a thread woken before its page is there (a
+    // signal, a wake for a neighbouring page) faults again, and that is a
+    // fault too. Counted per look, this was over a thousand.
+    assert!((1..=3).contains(&n), "{n} waits for one read: {s:?}");
+    assert!(ns >= 1_000_000 && ns < 10 * n * delay.as_nanos() as u64, "waited {ns} ns: {s:?}");
+}
+
 /// Two mremaps that each move part of one folio while reclaim is evicting
 /// it (two vectors glibc grows side by side, whose ends share a folio,
 /// moved at once): each part is a region of its own, whose folio waits

@@ -350,8 +350,9 @@ impl Inner {
         }
         let mut bounce = vec![0u8; self.cfg.folio_size];
         let mut ra = ReadAhead::default();
-        // Faults read and not yet served: address, write, thread.
-        let mut pending: VecDeque<(u64, bool, u32)> = VecDeque::new();
+        // Faults read and not yet served: address, write, thread, and since
+        // when it waits for an eviction.
+        let mut pending: VecDeque<(u64, bool, u32, Option<Instant>)> = VecDeque::new();
         let mut spin = super::spin::Spin::new(self.cfg.handler_spin, self.cfg.handler_spin_hot, Instant::now());
         let mut follow =
             super::follow::Follow::new(cpu.is_none() && self.cfg.handler_follow, self.cfg.handler_hold, Instant::now());
@@ -443,7 +444,7 @@ impl Inner {
                 match ev {
                     Event::PageFault { addr, write, thread_id, .. } => {
                         follow.fault(thread_id);
-                        pending.push_back((addr, write, thread_id));
+                        pending.push_back((addr, write, thread_id, None));
                     }
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
                         let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
@@ -470,7 +471,7 @@ impl Inner {
             let mut i = 0;
             let had = pending.len();
             while i < pending.len() {
-                let (addr, write, tid) = pending[i];
+                let (addr, write, tid, busy_since) = pending[i];
                 // The thread followed, held on this CPU while its fault is
                 // served where the scheduler keeps moving it (`follow.rs`).
                 let held = follow.hold(tid);
@@ -481,9 +482,19 @@ impl Inner {
                 }
                 match served {
                     Served::Done => {
+                        if let Some(t) = busy_since {
+                            let ns = t.elapsed().as_nanos() as u64;
+                            self.counters.eviction_wait_ns.fetch_add(ns, Ordering::Relaxed);
+                        }
                         pending.remove(i);
                     }
-                    Served::Busy => i += 1,
+                    Served::Busy => {
+                        if busy_since.is_none() {
+                            inc(&self.counters.eviction_waits);
+                            pending[i].3 = Some(Instant::now());
+                        }
+                        i += 1
+                    }
                     Served::Again => break,
                 }
             }
@@ -529,7 +540,6 @@ impl Inner {
             Folio::Evicting => {
                 // Never wait here: the evictor may need this thread to
                 // read an event before its MOVE can finish.
-                inc(&self.counters.eviction_waits);
                 return Served::Busy;
             }
             Folio::Never if write => {

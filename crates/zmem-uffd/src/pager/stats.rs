@@ -24,8 +24,13 @@ pub struct PagerStats {
     /// Faults on a resident folio: a page the program dropped, or a second
     /// fault on a folio that another fault just brought in.
     pub dropped_page_faults: u64,
-    /// Faults that waited for an eviction to finish.
+    /// Faults that waited for an eviction to finish (each counted once,
+    /// however often it was looked at again)…
     pub eviction_waits: u64,
+    /// …and how long they waited, from the first look that found their
+    /// folio Evicting to the one that served them: a fault on a folio
+    /// whose pass is being stored waits for the whole pass.
+    pub eviction_wait_ns: u64,
     /// Faults that loaded a folio back soon after its eviction (a refault
     /// distance under the resident folios): it earns looks it passes as
     /// accessed.
@@ -204,6 +209,7 @@ pub(super) struct Counters {
     pub(super) load_faults: AtomicU64,
     pub(super) dropped_page_faults: AtomicU64,
     pub(super) eviction_waits: AtomicU64,
+    pub(super) eviction_wait_ns: AtomicU64,
     pub(super) workingset_refaults: AtomicU64,
     pub(super) refault_distance: [AtomicU64; REFAULT_BUCKETS],
     pub(super) stray_faults: AtomicU64,
@@ -285,6 +291,7 @@ impl Pager {
             load_faults: r(&c.load_faults),
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
+            eviction_wait_ns: r(&c.eviction_wait_ns),
             workingset_refaults: r(&c.workingset_refaults),
             refault_distance: std::array::from_fn(|i| r(&c.refault_distance[i])),
             stray_faults: r(&c.stray_faults),
