@@ -384,6 +384,7 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
             "eviction_rejects": p.eviction_rejects,
             "eviction_waits": p.eviction_waits,
             "eviction_wait_ns": p.eviction_wait_ns,
+            "rescued_folios": p.rescued_folios,
             "workingset_refaults": p.workingset_refaults,
             "refault_distance": p.refault_distance,
             "direct_reclaim_waits": p.direct_reclaim_waits,

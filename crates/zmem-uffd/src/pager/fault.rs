@@ -538,9 +538,26 @@ impl Inner {
         let g = lock.lock_ok();
         match st.folio(f) {
             Folio::Evicting => {
-                // Never wait here: the evictor may need this thread to
-                // read an event before its MOVE can finish.
-                return Served::Busy;
+                // Its pages may be in staging already: mapped back from
+                // there, the folio is resident again at once.
+                match self.rescue(&st, f, bounce) {
+                    Ok(present) => {
+                        drop(g);
+                        let page = ((addr - folio_addr) / PAGE_SIZE as u64) as usize;
+                        if present.get(page).copied().unwrap_or(false) {
+                            // Its COPY woke the thread.
+                            self.throttle();
+                            return Served::Done;
+                        }
+                        // A page a partial load left in the tier: served
+                        // as in any resident folio.
+                        return self.fault(addr, write, bounce, ra);
+                    }
+                    Err(Served::Again) => return Served::Again,
+                    // Never wait here: the evictor may need this thread to
+                    // read an event before its MOVE can finish.
+                    Err(_) => return Served::Busy,
+                }
             }
             Folio::Never if write => {
                 // Written at once: one COPY of zeros gives the folio its
@@ -639,6 +656,74 @@ impl Inner {
         drop(g);
         self.throttle();
         Served::Done
+    }
+
+    /// Folio `f` of `st` is Evicting (the caller holds its stripe lock):
+    /// if MOVE has put its pages in staging (`staged`), they are COPYed
+    /// back from there and the folio is Resident again, its pages that a
+    /// partial load left in the tier still there. The kernel's swap cache
+    /// does the same for a folio under writeback; without it the fault
+    /// waits for its whole pass to be stored (~1.4 ms a fault under `xz`
+    /// at 200M, ARCHITECTURE.md). Returns which pages came back.
+    ///
+    /// `Err(Busy)`: the pages are not in staging yet, or the program
+    /// dropped, moved or unmapped part of the folio or region meanwhile
+    /// (the evictor's `finish` sorts those out): the fault waits for the
+    /// pass. `Err(Again)`: an event is unread; pages COPYed so far are
+    /// stepped over when it is tried again, as for any load.
+    fn rescue(&self, st: &Arc<RegionState>, f: usize, bounce: &mut [u8]) -> Result<Vec<bool>, Served> {
+        // Held to the end, so that no REMAP, UNMAP or REMOVE is recorded
+        // between the looks below and the COPY (a part moved away meanwhile
+        // would wait for its forward, and get entries this rescue drops).
+        // Only tried, as in `copy_folio` (which tries it again: a read lock
+        // twice, never a wait).
+        let _events = match self.events.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(Served::Again),
+        };
+        let key = (st.id, f);
+        let (addr, present, swapped) = match self.staged.lock_ok().get(&key) {
+            Some(s) if !s.rescued => (s.addr, s.present.clone(), s.swapped),
+            _ => return Err(Served::Busy),
+        };
+        if self.dropped.lock_ok().contains_key(&key)
+            || self.forwards.lock_ok().contains_key(&key)
+            || st.has_holes.load(Ordering::Acquire)
+            || !st.moved.lock_ok().is_empty()
+        {
+            return Err(Served::Busy);
+        }
+        let ppf = present.len();
+        let mut p = 0;
+        while p < ppf {
+            let n = present[p..].iter().take_while(|&&x| x == present[p]).count();
+            if present[p] {
+                let at = addr as usize + p * PAGE_SIZE;
+                // SAFETY: pages of the folio's staging slot that MOVE filled
+                // (`present`), so reading them faults nothing. The slot is
+                // freed or reused only once its pass is over (`make_room`
+                // and `release` come after `finish`), and `finish` takes the
+                // folio's `staged` entry under its stripe lock, which the
+                // caller holds: the entry was there above, so the pages
+                // stay mapped, and nothing writes them (MOVE fills empty
+                // slots only; the pass's stores only read).
+                let src = unsafe { std::slice::from_raw_parts(at as *const u8, n * PAGE_SIZE) };
+                bounce[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(src);
+            }
+            p += n;
+        }
+        let skip: Vec<bool> = present.iter().map(|&x| !x).collect();
+        if self.copy_folio(st, f, &bounce[..ppf * PAGE_SIZE], &vec![false; ppf], Some(&skip)) == Served::Again {
+            return Err(Served::Again);
+        }
+        if let Some(s) = self.staged.lock_ok().get_mut(&key) {
+            s.rescued = true;
+        }
+        self.became_resident(st, f);
+        self.set_swapped(st, f, swapped);
+        inc(&self.counters.rescued_folios);
+        Ok(present)
     }
 
     /// After a fault at `page`, which lies in no region and got the zero

@@ -19,7 +19,8 @@
 //! # Folio states (`Folio`)
 //! ```text
 //! Never ──fault: ZEROPAGE──► Resident ──reclaim: isolate──► Evicting
-//!                               ▲                               │ MOVE to staging, store
+//!                               ▲ ▲                             │ MOVE to staging, store
+//!                               │ └──fault: COPY from staging───┤ (rescue, until stored)
 //!                               └──fault: load, COPY── Evicted ◄┘ (or hold, if rejected)
 //! ```
 //! - A fault on a Never folio maps the zero page over it (a read), or
@@ -27,8 +28,13 @@
 //!   per page as the program goes on writing).
 //! - Eviction marks the folio Evicting, then takes its pages out of the
 //!   program's page table with `UFFDIO_MOVE` (atomic, no copy): from then
-//!   on any access to a moved page faults, and the fault is deferred until
-//!   the folio is Evicted, so no write is lost.
+//!   on any access to a moved page faults, so no write is lost. Until its
+//!   pass is stored, such a fault COPYs the pages back from the staging
+//!   slot and the folio is Resident again (`Inner::rescue`; the pass's
+//!   entries for it are dropped in `finish`), as the kernel's swap cache
+//!   serves a fault on a folio under writeback. A fault that comes before
+//!   the MOVE, or on a folio the program dropped, moved or unmapped part of
+//!   meanwhile, is deferred until the folio is Evicted.
 //! - A fault on an Evicted folio loads all of it (fault-around) into a
 //!   bounce buffer and maps it with `UFFDIO_COPY`. A page that fails to load
 //!   is poisoned (`UFFDIO_POISON`: SIGBUS on touch), never handed over as
@@ -58,8 +64,8 @@
 //!
 //! # Lock order
 //! 1. a folio stripe lock (one of 256, by folio index); never two at once;
-//! 2. inside it: the tier (its own order); the `dropped`, `held` and reclaim
-//!    lists' mutexes (leaves).
+//! 2. inside it: the tier (its own order); the `dropped`, `held`, `staged`
+//!    and reclaim lists' mutexes (leaves).
 //!
 //! The regions table is an `RwLock`, read by the handler, written by
 //! map/unmap, never held across a stripe lock or a tier call. No lock is
@@ -90,8 +96,9 @@
 //! handler reads their event, and while an event is unread every COPY,
 //! ZEROPAGE and MOVE fails with EAGAIN. Reclaim's MOVE therefore needs the
 //! handler to keep reading events, so:
-//! - a fault on an Evicting folio is deferred (`Served::Busy`), never waited
-//!   for; REMOVE/UNMAP on an Evicting folio are recorded, never waited for;
+//! - a fault on an Evicting folio is served from staging or deferred
+//!   (`Served::Busy`), never waited for; REMOVE/UNMAP on an Evicting folio
+//!   are recorded, never waited for;
 //! - reclaim holds no stripe lock while a MOVE may get EAGAIN, and touches
 //!   only the staging pages MOVE filled (a hole there would be a fault that
 //!   the handler must serve);
@@ -213,6 +220,14 @@ struct Inner {
     /// are mapped only by loads, which step over what the program is
     /// dropping (`dropping`), so a page it dropped never comes back.
     held: Mutex<HashMap<(u32, usize), Held>>,
+    /// The folios of the pass under way whose pages MOVE put in staging,
+    /// by (region id, folio): a fault on one is served from its slot
+    /// (`Inner::rescue`), as the kernel's swap cache serves a fault on a
+    /// folio under writeback, instead of waiting for the whole pass to be
+    /// stored. Put by reclaim before it stores the pass, taken by
+    /// `finish`; looked up and marked rescued by a handler. Both under the
+    /// folio's stripe lock.
+    staged: Mutex<HashMap<(u32, usize), Staged>>,
     /// Folios that were Evicting when a partial mremap moved them (all or
     /// part) into a split-off region: by (region id, folio), each new
     /// region's folio and which pages moved there. The evictor passes the
@@ -291,6 +306,20 @@ struct Inner {
     /// freeing what served the forking thread's last fault would wait for
     /// them (see `Inner::wait_handlers_at_rest`).
     handlers_busy: AtomicUsize,
+}
+
+/// An Evicting folio's pages in staging (see `Inner::staged`).
+#[derive(Debug)]
+struct Staged {
+    /// Its slot's address.
+    addr: u64,
+    /// Which of its pages MOVE put there: only those may be read (a hole in
+    /// staging is a MISSING fault on the pager's own uffd).
+    present: Vec<bool>,
+    /// Which a partial load had left in the tier (they keep their entries).
+    swapped: u64,
+    /// A fault mapped the pages back: the pass's entries for them go.
+    rescued: bool,
 }
 
 /// Where an Evicting folio's moved pages went (see `Inner::forwards`).
@@ -421,6 +450,7 @@ impl Pager {
             reclaimed: (Mutex::new(()), Condvar::new()),
             pass_stores: Mutex::new(None),
             dropped: Mutex::new(HashMap::new()),
+            staged: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             forwards: Mutex::new(HashMap::new()),
             held_bytes: AtomicUsize::new(0),

@@ -12,7 +12,7 @@ use super::balance::Balance;
 use super::lru::{SHARED_RESCAN, UNEVICTABLE_RESCAN};
 use super::staging::Staging;
 use super::stats::inc;
-use super::{Folio, Held, Inner, Pass, RegionState};
+use super::{Folio, Held, Inner, Pass, RegionState, Staged};
 use crate::mapping::PAGE_SIZE;
 use crate::pagemap::{SharedPages, WriteTracker};
 use crate::sys::UffdError;
@@ -335,6 +335,20 @@ impl Inner {
             }
         }
         let n = moved.len();
+        // From here a fault on one of them is served from its slot
+        // (`rescue`), not made to wait for the pass.
+        {
+            let mut staged = self.staged.lock_ok();
+            for MovedOut { st, f, slot, present, swapped } in &moved {
+                let s = Staged {
+                    addr: staging.slot_addr(*slot),
+                    present: present.clone(),
+                    swapped: *swapped,
+                    rescued: false,
+                };
+                staged.insert((st.id, *f), s);
+            }
+        }
         if n > 0 && !self.cfg.inject_store_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_store_delay);
         }
@@ -403,6 +417,17 @@ impl Inner {
                 data
             });
             self.finish(st, *f, |dropped| {
+                if self.staged.lock_ok().remove(&(st.id, *f)).is_some_and(|s| s.rescued) {
+                    // A fault mapped it back from staging (`rescue`): it is
+                    // resident (or dropped since), and what this pass
+                    // stored of it goes. Its pages in the tier stay.
+                    for &(p, n) in &runs {
+                        for q in p..p + n {
+                            self.tier.invalidate(st.key(f * ppf + q));
+                        }
+                    }
+                    return;
+                }
                 if ok {
                     inc(&self.counters.evicted_folios);
                     pass.evicted += 1;

@@ -31,6 +31,10 @@ pub struct PagerStats {
     /// folio Evicting to the one that served them: a fault on a folio
     /// whose pass is being stored waits for the whole pass.
     pub eviction_wait_ns: u64,
+    /// Folios a fault took back from staging while their pass was being
+    /// stored (`Inner::rescue`): they stay resident, and the pass's
+    /// entries for them are dropped.
+    pub rescued_folios: u64,
     /// Faults that loaded a folio back soon after its eviction (a refault
     /// distance under the resident folios): it earns looks it passes as
     /// accessed.
@@ -210,6 +214,7 @@ pub(super) struct Counters {
     pub(super) dropped_page_faults: AtomicU64,
     pub(super) eviction_waits: AtomicU64,
     pub(super) eviction_wait_ns: AtomicU64,
+    pub(super) rescued_folios: AtomicU64,
     pub(super) workingset_refaults: AtomicU64,
     pub(super) refault_distance: [AtomicU64; REFAULT_BUCKETS],
     pub(super) stray_faults: AtomicU64,
@@ -292,6 +297,7 @@ impl Pager {
             dropped_page_faults: r(&c.dropped_page_faults),
             eviction_waits: r(&c.eviction_waits),
             eviction_wait_ns: r(&c.eviction_wait_ns),
+            rescued_folios: r(&c.rescued_folios),
             workingset_refaults: r(&c.workingset_refaults),
             refault_distance: std::array::from_fn(|i| r(&c.refault_distance[i])),
             stray_faults: r(&c.stray_faults),
