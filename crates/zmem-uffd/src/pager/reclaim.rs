@@ -128,7 +128,10 @@ impl Inner {
                     }
                     self.refresh_limit();
                     self.wake_reclaim_waiters();
-                    if shrank || pass.evicted + pass.parked > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
+                    if shrank
+                        || pass.evicted + pass.parked + pass.rescued > 0
+                        || (pass.unevictable > 0 && pass.rejected == 0)
+                    {
                         // Progress, or unevictable folios set aside: go on.
                         backoff = Duration::ZERO;
                         self.soft.store(false, Ordering::Relaxed);
@@ -426,6 +429,7 @@ impl Inner {
                             self.tier.invalidate(st.key(f * ppf + q));
                         }
                     }
+                    pass.rescued += 1;
                     return;
                 }
                 if ok {
