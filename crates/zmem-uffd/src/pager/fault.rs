@@ -695,23 +695,18 @@ impl Inner {
             return Err(Served::Busy);
         }
         let ppf = present.len();
-        let mut p = 0;
-        while p < ppf {
-            let n = present[p..].iter().take_while(|&&x| x == present[p]).count();
-            if present[p] {
-                let at = addr as usize + p * PAGE_SIZE;
-                // SAFETY: pages of the folio's staging slot that MOVE filled
-                // (`present`), so reading them faults nothing. The slot is
-                // freed or reused only once its pass is over (`make_room`
-                // and `release` come after `finish`), and `finish` takes the
-                // folio's `staged` entry under its stripe lock, which the
-                // caller holds: the entry was there above, so the pages
-                // stay mapped, and nothing writes them (MOVE fills empty
-                // slots only; the pass's stores only read).
-                let src = unsafe { std::slice::from_raw_parts(at as *const u8, n * PAGE_SIZE) };
-                bounce[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(src);
-            }
-            p += n;
+        for (p, n) in super::reclaim::page_runs(&present) {
+            let at = addr as usize + p * PAGE_SIZE;
+            // SAFETY: pages of the folio's staging slot that MOVE filled
+            // (`present`), so reading them faults nothing. The slot is
+            // freed or reused only once its pass is over (`make_room` and
+            // `release` come after `finish`), and `finish` takes the
+            // folio's `staged` entry under its stripe lock, which the
+            // caller holds: the entry was there above, so the pages stay
+            // mapped, and nothing writes them (MOVE fills empty slots only;
+            // the pass's stores only read).
+            let src = unsafe { std::slice::from_raw_parts(at as *const u8, n * PAGE_SIZE) };
+            bounce[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(src);
         }
         let skip: Vec<bool> = present.iter().map(|&x| !x).collect();
         if self.copy_folio(st, f, &bounce[..ppf * PAGE_SIZE], &vec![false; ppf], Some(&skip)) == Served::Again {

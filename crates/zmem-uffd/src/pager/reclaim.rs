@@ -756,7 +756,7 @@ pub(super) struct Moved {
 }
 
 /// The runs of `true` in `present`, as (first page, pages).
-fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
+pub(super) fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
     let mut runs = Vec::new();
     let mut p = 0;
     while p < present.len() {
