@@ -152,8 +152,21 @@ impl Inner {
                             inc(&self.counters.limit_soft_events);
                             // A tree member squeezed to the smallest share
                             // (the others hold the rest of the limit: a
-                            // forked worker beside its parent) is no news.
-                            let floor = self.member.is_some() && self.limit() <= self.share_floor();
+                            // forked worker beside its parent) is no news,
+                            // nor one a floor's worth over its share, nor
+                            // one over it while the tree as a whole keeps to
+                            // its limit: what the user set is met, or missed
+                            // by others, who say so. Python's
+                            // `multiprocessing` workers under 150M (a few MiB
+                            // of pool and metadata, nothing to evict, beside
+                            // a parent holding the rest) got shares of 2-3
+                            // MiB, just above the floor, and warned.
+                            let floor = self.member.as_ref().is_some_and(|m| {
+                                let (tree, floor) = (m.tree(), self.share_floor());
+                                self.limit() <= floor
+                                    || self.usage() <= self.limit() + floor
+                                    || tree.usage() <= (tree.limit() + floor) as u64
+                            });
                             if !warned {
                                 warned = !floor;
                                 // Once per tree: its other processes would
