@@ -597,6 +597,66 @@ fn mlocked_pages_are_never_stored_or_written_back() {
     assert!(p.tier().stats().written_back_pages > 0, "{:?}", p.tier().stats());
 }
 
+/// Pages pinned for I/O (io_uring's registered buffers; the kernel's
+/// `folio_maybe_dma_pinned`) cannot MOVE, and the kernel says EBUSY there,
+/// as for a page shared with a forked child. Reclaim took them for shared,
+/// broke their copy-on-write (which changes nothing for a pinned page) and
+/// put them back on the lists, over and over: fio's 64 MiB of registered
+/// buffers under 32M made 400k breaks in 16 s, a CPU's worth. A folio
+/// still busy after its break goes off the lists, as a locked one does.
+/// Here 6 MiB are pinned under a 4 MiB limit: each pinned folio is broken
+/// once, the limit turns soft, and every page reads back.
+#[test]
+fn pages_pinned_by_io_uring_are_set_aside_after_one_cow_break() {
+    let _wd = watchdog("pinned", 120);
+    let limit = 4 << 20;
+    let p = pager(limit);
+    let r = p.map(16 << 20).unwrap();
+    let pinned = 6 << 20;
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    let ring = register_buffers(r.addr(), pinned);
+    for pg in 0..pages {
+        write_page(&r, pg, 2);
+    }
+    // Over the limit for as long as the pages stay pinned: reclaim runs
+    // on while this waits (up to 5 s, with the old loop), and once more.
+    p.reclaim_now();
+    p.reclaim_now();
+    let s = p.stats();
+    let folios = (pinned / PagerConfig::with_limit(limit).folio_size) as u64;
+    assert!(s.cow_breaks <= 2 * folios, "{} breaks for {folios} pinned folios: {s:?}", s.cow_breaks);
+    assert!(s.unevictable_folios >= folios && s.evicted_folios > 0, "{s:?}");
+    for pg in 0..pages {
+        assert_eq!(check_page(&r, pg, 2), 0, "page {pg}");
+    }
+    drop(ring);
+}
+
+/// An io_uring instance with `[addr, addr + len)` registered as its one
+/// fixed buffer: the kernel pins those pages (`FOLL_LONGTERM`) until the
+/// ring is closed.
+fn register_buffers(addr: u64, len: usize) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // struct io_uring_params: 120 bytes, all zero asks for the defaults.
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup writes only within `params`, whose size the
+    // kernel's struct has.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    assert!(fd >= 0, "io_uring_setup: {}", std::io::Error::last_os_error());
+    // SAFETY: a descriptor io_uring_setup just returned, owned from here.
+    let ring = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let iov = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+    // SAFETY: the iovec names pages of the caller's live region; the
+    // kernel pins them (faulting them in through our handler) and never
+    // writes them until an I/O the test does not submit.
+    let rc = unsafe { libc::syscall(libc::SYS_io_uring_register, fd, 0u32, &iov as *const libc::iovec, 1u32) };
+    assert_eq!(rc, 0, "IORING_REGISTER_BUFFERS: {}", std::io::Error::last_os_error());
+    ring
+}
+
 /// Folios with holes whose stores fail now and then (an injected codec
 /// failure): the rejected ones are held, the rest evicted, all read back.
 /// Found by `zmem bench soak`: copying a rejected folio out of staging

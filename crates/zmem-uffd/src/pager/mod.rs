@@ -125,7 +125,7 @@ mod spin;
 mod staging;
 mod stats;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
@@ -228,6 +228,11 @@ struct Inner {
     /// `finish`; looked up and marked rescued by a handler. Both under the
     /// folio's stripe lock.
     staged: Mutex<HashMap<(u32, usize), Staged>>,
+    /// Folios (region id, folio) whose copy-on-write reclaim broke because
+    /// a MOVE found them busy (`break_cow`), and that have not moved
+    /// since: busy again, they are pinned, not shared (`evict_batch`).
+    /// Only the reclaim thread uses it.
+    cow_broken: Mutex<HashSet<(u32, usize)>>,
     /// Folios that were Evicting when a partial mremap moved them (all or
     /// part) into a split-off region: by (region id, folio), each new
     /// region's folio and which pages moved there. The evictor passes the
@@ -458,6 +463,7 @@ impl Pager {
             pass_stores: Mutex::new(None),
             dropped: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
+            cow_broken: Mutex::new(HashSet::new()),
             held: Mutex::new(HashMap::new()),
             forwards: Mutex::new(HashMap::new()),
             held_bytes: AtomicUsize::new(0),

@@ -25,6 +25,9 @@ use crate::sys::UffdError;
 /// RSS: not kept.
 const RECOMPRESS_INTERVAL: Duration = Duration::from_millis(1000);
 const RECOMPRESS_PAGES: usize = 2048;
+/// The most folios `Inner::cow_broken` holds before it starts again (a
+/// folio forgotten there costs one more COW break).
+const COW_BROKEN_MAX: usize = 4096;
 
 impl Inner {
     pub(super) fn reclaim_main(self: Arc<Self>, mut staging: Staging) {
@@ -247,7 +250,7 @@ impl Inner {
             } else {
                 "the pool is full and writeback is off"
             }
-        } else if pass.unevictable > 0 {
+        } else if pass.unevictable > 0 || !self.lru.lock_ok().unevictable.is_empty() {
             "what is left is locked or pinned"
         } else {
             "nothing is on the reclaim lists: the rest is the pool, metadata, or pages shared with another process"
@@ -334,7 +337,23 @@ impl Inner {
                             dropped.iter().enumerate().filter(|(_, &d)| d).fold(0u64, |a, (p, _)| a | 1 << (p % 64));
                         self.set_swapped(&st, f, swapped & !gone);
                     });
-                    if is_shared {
+                    // EBUSY is a page shared with a forked child, or one
+                    // pinned (`folio_maybe_dma_pinned`: io_uring's
+                    // registered buffers, RDMA). A COW break makes a shared
+                    // folio movable; one still busy right after its break
+                    // is pinned, and goes off the lists as a locked one. A
+                    // pinned one went back on the lists after every break,
+                    // and reclaim broke it again: fio's 64 MiB of
+                    // registered buffers under 32M, 400k breaks in 16 s,
+                    // all of a CPU.
+                    if is_shared && !self.cow_broken.lock_ok().remove(&(st.id, f)) {
+                        let mut broken = self.cow_broken.lock_ok();
+                        // Folios of regions gone since stay behind: bounded.
+                        if broken.len() >= COW_BROKEN_MAX {
+                            broken.clear();
+                        }
+                        broken.insert((st.id, f));
+                        drop(broken);
                         shared.push((Arc::clone(&st), f));
                         continue;
                     }
@@ -351,6 +370,14 @@ impl Inner {
             }
         }
         let n = moved.len();
+        {
+            let mut broken = self.cow_broken.lock_ok();
+            if !broken.is_empty() {
+                for m in &moved {
+                    broken.remove(&(m.st.id, m.f));
+                }
+            }
+        }
         // From here a fault on one of them is served from its slot
         // (`rescue`), not made to wait for the pass.
         {
