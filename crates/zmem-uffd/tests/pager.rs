@@ -635,25 +635,17 @@ fn pages_pinned_by_io_uring_are_set_aside_after_one_cow_break() {
     drop(ring);
 }
 
-/// An io_uring instance with `[addr, addr + len)` registered as its one
-/// fixed buffer: the kernel pins those pages (`FOLL_LONGTERM`) until the
-/// ring is closed.
-fn register_buffers(addr: u64, len: usize) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // struct io_uring_params: 120 bytes, all zero asks for the defaults.
-    let mut params = [0u8; 120];
-    // SAFETY: io_uring_setup writes only within `params`, whose size the
-    // kernel's struct has.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
-    assert!(fd >= 0, "io_uring_setup: {}", std::io::Error::last_os_error());
-    // SAFETY: a descriptor io_uring_setup just returned, owned from here.
-    let ring = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+/// An io_uring with `[addr, addr + len)` registered as its one fixed
+/// buffer: the kernel pins those pages (`FOLL_LONGTERM`) until the ring is
+/// dropped.
+fn register_buffers(addr: u64, len: usize) -> io_uring::IoUring {
+    let ring = io_uring::IoUring::new(1).expect("io_uring_setup");
     let iov = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
-    // SAFETY: the iovec names pages of the caller's live region; the
-    // kernel pins them (faulting them in through our handler) and never
-    // writes them until an I/O the test does not submit.
-    let rc = unsafe { libc::syscall(libc::SYS_io_uring_register, fd, 0u32, &iov as *const libc::iovec, 1u32) };
-    assert_eq!(rc, 0, "IORING_REGISTER_BUFFERS: {}", std::io::Error::last_os_error());
+    // SAFETY: the iovec names pages of the caller's region, which outlives
+    // the ring (the test drops the ring first); the kernel pins them
+    // (faulting them in through our handler) and writes them only for an
+    // I/O, which the test never submits.
+    unsafe { ring.submitter().register_buffers(&[iov]) }.expect("IORING_REGISTER_BUFFERS");
     ring
 }
 

@@ -346,14 +346,20 @@ impl Inner {
                     // and reclaim broke it again: fio's 64 MiB of
                     // registered buffers under 32M, 400k breaks in 16 s,
                     // all of a CPU.
-                    if is_shared && !self.cow_broken.lock_ok().remove(&(st.id, f)) {
+                    let pinned = is_shared && {
                         let mut broken = self.cow_broken.lock_ok();
-                        // Folios of regions gone since stay behind: bounded.
-                        if broken.len() >= COW_BROKEN_MAX {
-                            broken.clear();
+                        let again = broken.remove(&(st.id, f));
+                        if !again {
+                            // Folios of regions gone since stay behind:
+                            // bounded.
+                            if broken.len() >= COW_BROKEN_MAX {
+                                broken.clear();
+                            }
+                            broken.insert((st.id, f));
                         }
-                        broken.insert((st.id, f));
-                        drop(broken);
+                        again
+                    };
+                    if is_shared && !pinned {
                         shared.push((Arc::clone(&st), f));
                         continue;
                     }
