@@ -257,6 +257,9 @@ struct Inner {
     dropping: Mutex<Vec<(u64, u64)>>,
     /// The limit is soft (see [`PagerStats::limit_soft_events`]).
     soft: AtomicBool,
+    /// Rounds of the reclaim loop done (`Pager::reclaim_now` waits for the
+    /// one after its kick).
+    reclaim_rounds: AtomicU64,
     /// UFFDIO_POISON is available for pages that fail to load.
     poison: bool,
     /// A fork is being prepared: reclaim isolates nothing, faults do not
@@ -345,6 +348,8 @@ struct Held {
 /// What one eviction pass did.
 #[derive(Debug, Default, Clone, Copy)]
 struct Pass {
+    /// Folios taken off the lists (none: the lists were empty).
+    isolated: usize,
     evicted: usize,
     /// Set aside as shared with another process (uncharged): progress too.
     parked: usize,
@@ -470,6 +475,7 @@ impl Pager {
             events: RwLock::new(()),
             dropping: Mutex::new(Vec::new()),
             soft: AtomicBool::new(false),
+            reclaim_rounds: AtomicU64::new(0),
             poison,
             frozen: AtomicBool::new(false),
             reclaim_gate: Mutex::new(()),
@@ -556,9 +562,14 @@ impl Pager {
                 self.inner.rescan_shared_now.load(Ordering::Acquire)
             });
         }
+        // A soft limit is read only once reclaim has seen the kick: the
+        // round under way may have set it before the program's latest
+        // loads put folios back on the lists.
+        let round = self.inner.reclaim_rounds.load(Ordering::Acquire);
         self.inner.kick_reclaim();
         self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(5), false, || {
-            self.inner.usage() > self.inner.low() && !self.inner.soft.load(Ordering::Relaxed)
+            (self.inner.reclaim_rounds.load(Ordering::Acquire) < round + 2 && !self.inner.stop.load(Ordering::Acquire))
+                || (self.inner.usage() > self.inner.low() && !self.inner.soft.load(Ordering::Relaxed))
         });
     }
 }

@@ -37,6 +37,11 @@ impl Inner {
             None
         };
         let (mut backoff, mut retry_at, mut warned) = (Duration::ZERO, Instant::now(), false);
+        // Stuck with the lists empty (the rest pinned, locked, or pool):
+        // the program's next loads put folios there, and reclaim goes for
+        // them at once, not after the backoff (the limit stays a limit for
+        // what can be evicted).
+        let mut stuck_on_empty_lists = false;
         let mut rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
         let mut scanned_at: Option<Instant> = None;
         let mut scanned_rss = 0;
@@ -117,7 +122,9 @@ impl Inner {
                     scanned_rss = rss.unwrap_or(0);
                 }
             }
-            if self.usage() > self.high() && Instant::now() >= retry_at && !frozen() {
+            let due = Instant::now() >= retry_at || (stuck_on_empty_lists && self.evictable_listed());
+            if self.usage() > self.high() && due && !frozen() {
+                stuck_on_empty_lists = false;
                 while self.usage() > self.low() && !frozen() {
                     // A pool over its limit (a tree member's share shrank:
                     // `refresh_limit`) is written back first; no store may
@@ -151,6 +158,9 @@ impl Inner {
                     if self.usage() > self.limit() || pass.rejected + pass.unevictable > 0 {
                         backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(2));
                         retry_at = Instant::now() + backoff;
+                        // (Whatever is listed now came after the pass
+                        // looked: a fault since.)
+                        stuck_on_empty_lists = pass.isolated == 0;
                         if !self.soft.swap(true, Ordering::Relaxed) {
                             inc(&self.counters.limit_soft_events);
                             // A tree member squeezed to the smallest share
@@ -220,8 +230,16 @@ impl Inner {
                 }
             }
             drop(gate);
+            self.reclaim_rounds.fetch_add(1, Ordering::Release);
             self.wake_reclaim_waiters();
         }
+    }
+
+    /// Whether a folio waits on the active, inactive or once list (not set
+    /// aside as unevictable or shared).
+    fn evictable_listed(&self) -> bool {
+        let lru = self.lru.lock_ok();
+        !(lru.active.is_empty() && lru.inactive.is_empty() && lru.once.is_empty())
     }
 
     /// Counts a free of the staging area; on an error (registering it
@@ -282,7 +300,9 @@ impl Inner {
         let first_slot = staging.next_slot();
         let mut isolated = Vec::new();
         let forked = self.forked.load(Ordering::Relaxed);
-        for (st, f) in self.isolate_folios(tracker) {
+        let victims = self.isolate_folios(tracker);
+        pass.isolated = victims.len();
+        for (st, f) in victims {
             if forked && self.park_if_shared(&st, f, staging) {
                 pass.parked += 1;
                 continue;
