@@ -2702,6 +2702,31 @@ fn a_program_that_loads_a_seccomp_filter_for_all_its_threads_gets_its_memory_bac
     assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
 }
 
+/// A filter installed with a raw `syscall` instruction goes past the shim,
+/// and covers zmem's threads (`TSYNC`). Where it killed the handler at its
+/// next `UFFDIO_COPY`, or refused the COPY (EPERM), the program's next
+/// fault on evicted memory waited for good, silently. The process is now
+/// stopped loudly (SIGABRT, with a line that says why) within a second or
+/// two, never read back wrong.
+#[test]
+fn a_filter_installed_behind_the_shims_back_that_refuses_zmems_calls_stops_the_program_loudly() {
+    let exe = compile_c("rawfilter");
+    for action in ["kill", "errno"] {
+        let started = Instant::now();
+        let o = zmem(&["run", "--limit", "16M", "--", exe.to_str().unwrap(), action], &[], 60);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(!out.contains("bad "), "{action}: the program went on: {}", text(&o));
+        assert_eq!(o.status.code(), Some(128 + 6), "{action}: not stopped by SIGABRT: {}", text(&o));
+        let why = if action == "kill" {
+            "thread was killed (a seccomp filter"
+        } else {
+            "a seccomp filter that zmem did not see"
+        };
+        assert!(err.contains(why), "{action}: {}", text(&o));
+        assert!(started.elapsed() < Duration::from_secs(30), "{action}: {:?}", started.elapsed());
+    }
+}
+
 /// A program exec'd under a filter that kills at `userfaultfd` (bubblewrap's
 /// `--seccomp`, as a systemd unit's `SystemCallFilter=` would) died of
 /// SIGSYS at the shim's start, where it runs fine without zmem. Its shim

@@ -29,8 +29,14 @@
 //! has a forked probe make zmem's calls ([`filter_kills_zmem`]), and stays
 //! off where one of them kills; a filter that returns errors is left to
 //! the pager, which copes or does not start.
-//! Not covered: a filter installed by a raw `syscall` instruction
-//! (Chromium's sandbox, Go's runtime), which no library call sees.
+//! A filter installed by a raw `syscall` instruction (Chromium's sandbox,
+//! Go's runtime), which no library call sees, cannot be left first. Where
+//! it refuses zmem's calls to serve a fault, or kills one of zmem's
+//! threads, the program's next fault would wait for good: the process is
+//! stopped loudly instead (`Inner::stop_if_filtered` in the pager, and
+//! [`lost_pager_thread`] from the stats thread, within a second). A filter
+//! that kills every thread making a call the stats thread makes too still
+//! hangs.
 //!
 //! A program that changes its root (`chroot`, or `pivot_root` through
 //! `syscall`) stays managed; the stats file, which zmem finds by its path,
@@ -353,6 +359,21 @@ pub(crate) fn end_as_the_program_did(status: u32) -> ! {
     );
     // SAFETY: as above.
     unsafe { libc::_exit(code) }
+}
+
+/// A pager thread of this process was killed (`Pager::lost_thread`): by a
+/// seccomp filter installed with a raw system call, which the shim never
+/// saw, and which kills the thread that makes one of zmem's calls. The
+/// memory it served can no longer be given back, and the program's next
+/// fault there would wait for good: the process is stopped loudly instead,
+/// as after a panic of a pager thread.
+pub(crate) fn lost_pager_thread(name: &str) -> ! {
+    log::error!(
+        "the pager's {name} thread was killed (a seccomp filter installed without a call the shim sees, \
+         a raw system call, kills one of zmem's calls?): the program's memory zmem holds can no longer \
+         be given back to it; aborting"
+    );
+    std::process::abort()
 }
 
 #[cfg(test)]

@@ -62,7 +62,8 @@ static DIR: Mutex<Option<CString>> = Mutex::new(None);
 /// child that drops privileges before it execs (`runuser`, `su`) goes on
 /// writing in its new user's. Once a second, too, the thread looks for a
 /// process whose program threads are all gone (`sandbox::program_gone`),
-/// and ends it; that goes on after an error stops the stats.
+/// and ends it, and for a pager thread the kernel killed
+/// (`Pager::lost_thread`); that goes on after an error stops the stats.
 pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     let pid = std::process::id();
     // The directory made ready, and for which effective user.
@@ -75,6 +76,9 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         }
         if let Some(status) = crate::sandbox::program_gone() {
             crate::sandbox::end_as_the_program_did(status);
+        }
+        if let Some(name) = crate::init::current().and_then(|s| s.pager.lost_thread()) {
+            crate::sandbox::lost_pager_thread(&name);
         }
         if writes && Instant::now() >= due {
             due = Instant::now() + interval;

@@ -578,7 +578,8 @@ impl Inner {
                     Err(UffdError::Again { .. }) => return Served::Again,
                     // A thread asleep on a page nothing was put in must not
                     // stay asleep.
-                    Err(_) => {
+                    Err(e) => {
+                        self.stop_if_filtered(&e);
                         let _ = self.uffd.wake(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64);
                     }
                     Ok(_) => {}
@@ -633,7 +634,8 @@ impl Inner {
                 let page = addr & !(PAGE_SIZE as u64 - 1);
                 match st.zero_fill(&self.uffd, page, PAGE_SIZE as u64) {
                     Err(UffdError::Again { .. }) => return Served::Again,
-                    Err(_) => {
+                    Err(e) => {
+                        self.stop_if_filtered(&e);
                         let _ = self.uffd.wake(page, PAGE_SIZE as u64);
                     }
                     Ok(_) => {}
@@ -1067,6 +1069,7 @@ impl Inner {
                 Ok(n) => off += n + PAGE_SIZE as u64,
                 Err(UffdError::Again { .. }) => return Served::Again,
                 Err(e) => {
+                    self.stop_if_filtered(&e);
                     if super::region::gone(&e) {
                         log::debug!("{e}: no longer registered (the region is being dropped)");
                     } else {
@@ -1096,7 +1099,8 @@ impl Inner {
                 let (a, n) = (folio_addr + (p * PAGE_SIZE) as u64, (run * PAGE_SIZE) as u64);
                 match st.zero_fill(&self.uffd, a, n) {
                     Err(e @ UffdError::Again { .. }) => return Err(e),
-                    Err(_) => {
+                    Err(e) => {
+                        self.stop_if_filtered(&e);
                         let _ = self.uffd.wake(a, n);
                     }
                     Ok(_) => {}

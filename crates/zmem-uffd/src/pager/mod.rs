@@ -145,7 +145,7 @@ use stats::Counters;
 pub use stats::{PagerStats, REFAULT_BUCKETS};
 
 use crate::mapping::PAGE_SIZE;
-use crate::sys::{Features, OpenMode, RegisterMode, Uffd};
+use crate::sys::{Features, OpenMode, RegisterMode, Uffd, UffdError};
 
 /// A folio's state (one byte per folio in its region's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +202,10 @@ struct Inner {
     next_region: AtomicU32,
     counters: Counters,
     stop: AtomicBool,
+    /// The pager's threads that are running, by name and thread id: one
+    /// killed (a seccomp filter's `SECCOMP_RET_KILL_THREAD`) runs no clean-up
+    /// and stays listed (`Pager::lost_thread`).
+    running: Mutex<Vec<(String, i32)>>,
     kick: (Mutex<bool>, Condvar),
     reclaimed: (Mutex<()>, Condvar),
     /// The stores of the reclaim pass under way, which a fault waiting in
@@ -463,6 +467,7 @@ impl Pager {
             next_region: AtomicU32::new(1),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            running: Mutex::new(Vec::new()),
             kick: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(()), Condvar::new()),
             pass_stores: Mutex::new(None),
@@ -514,16 +519,20 @@ impl Pager {
         // process is stopped loudly instead.
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let init = inner.cfg.thread_init;
+            let me = Arc::clone(&inner);
             // With the program's signals blocked: its handlers must never
             // run here (see `zmem_common::thread`).
             zmem_common::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
                 if let Some(init) = init {
                     init();
                 }
+                let tid = rustix::thread::gettid().as_raw_nonzero().get();
+                me.running.lock_ok().push((name.clone(), tid));
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
                     log::error!("zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting");
                     std::process::abort();
                 }
+                me.running.lock_ok().retain(|&(_, t)| t != tid);
             })
             .map_err(PagerError::Spawn)
         };
@@ -548,6 +557,27 @@ impl Pager {
 
     pub fn tier(&self) -> &Tier {
         &self.inner.tier
+    }
+
+    /// The name of a pager thread that is gone without returning: the
+    /// kernel killed it (a seccomp filter installed with a raw system call,
+    /// which the preload shim cannot see, `SECCOMP_RET_KILL_THREAD` for one
+    /// of zmem's calls). The memory it served cannot be served any more: a
+    /// fault there waits for good. `None` while all run, once the pager is
+    /// stopping, or where the check itself is refused.
+    pub fn lost_thread(&self) -> Option<String> {
+        if self.inner.stop.load(Ordering::Acquire) {
+            return None;
+        }
+        let running = self.inner.running.lock_ok().clone();
+        let pid = std::process::id() as libc::c_long;
+        running.into_iter().find_map(|(name, tid)| {
+            // SAFETY: tgkill with signal 0 sends nothing: it only checks
+            // that the thread `tid` of this process exists.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid as libc::c_long, 0 as libc::c_long) };
+            let gone = r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            (gone && !self.inner.stop.load(Ordering::Acquire)).then_some(name)
+        })
     }
 
     /// Evicts down to the low watermark now, and waits for it. Folios set
@@ -593,7 +623,37 @@ impl Drop for Pager {
     }
 }
 
+/// Whether `e` is a userfaultfd call that a seccomp filter refused: the
+/// error a filter returns (`EPERM`, `EACCES`, `ENOSYS`), in a process under
+/// one (`PR_GET_SECCOMP`, refused too under some filters).
+fn refused_by_filter(e: &UffdError) -> bool {
+    use rustix::io::Errno;
+    if !matches!(e, UffdError::Ioctl { errno: Errno::PERM | Errno::ACCESS | Errno::NOSYS, .. }) {
+        return false;
+    }
+    // SAFETY: PR_GET_SECCOMP takes no pointer; it returns the mode.
+    let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    mode != 0
+}
+
 impl Inner {
+    /// A call that serves a fault was refused by a seccomp filter that zmem
+    /// did not see installed (the shim stops zmem before any filter it sees
+    /// is installed; a raw `syscall` instruction, as Chromium's sandbox and
+    /// Go's runtime make, goes past it). No page can be given back to the
+    /// program any more, so its next fault would wait for good (or fault
+    /// again for good, where the wake-up is refused too): the process is
+    /// stopped loudly instead, as after a panic of a pager thread.
+    pub(super) fn stop_if_filtered(&self, e: &UffdError) {
+        if refused_by_filter(e) {
+            log::error!(
+                "a seccomp filter that zmem did not see installed refuses its userfaultfd calls ({e}): \
+                 the program's memory zmem holds can no longer be given back to it; aborting"
+            );
+            std::process::abort();
+        }
+    }
+
     /// This process's maps file, kept since the pager's start.
     fn maps(&self) -> Result<std::os::fd::BorrowedFd<'_>, rustix::io::Errno> {
         use std::os::fd::AsFd;
