@@ -2732,19 +2732,25 @@ fn a_filter_installed_behind_the_shims_back_that_refuses_zmems_calls_stops_the_p
 /// SIGSYS at the shim's start, where it runs fine without zmem. Its shim
 /// now probes the filter in a child first, and stays off with a warning.
 /// Under a filter that returns EPERM there instead, the same program is
-/// managed (`/dev/userfaultfd`).
+/// managed (`/dev/userfaultfd`). A filter that kills at `clone` for threads
+/// only (`ENOSYS` for `clone3`, so that glibc falls back to `clone`) let the
+/// probe's fork by, and the single-threaded program died of SIGSYS at the
+/// pager's first thread: the probe makes a thread too now.
 #[test]
 fn a_program_started_under_a_filter_that_kills_userfaultfd_runs_unmanaged() {
     let dir = tmpdir("filtered");
     let make = "import errno, seccomp, sys\n\
-                act = seccomp.KILL_PROCESS if sys.argv[1] == 'kill' else seccomp.ERRNO(errno.EPERM)\n\
                 f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)\n\
-                f.add_rule(act, 'userfaultfd')\n\
+                if sys.argv[1] == 'threads':\n    \
+                f.add_rule(seccomp.KILL, 'clone', seccomp.Arg(0, seccomp.MASKED_EQ, 0x10000, 0x10000))\n    \
+                f.add_rule(seccomp.ERRNO(errno.ENOSYS), 'clone3')\n\
+                else:\n    \
+                f.add_rule(seccomp.KILL_PROCESS if sys.argv[1] == 'kill' else seccomp.ERRNO(errno.EPERM), 'userfaultfd')\n\
                 f.export_bpf(open(sys.argv[2], 'wb'))\n";
     let py = "b = [bytearray(1 << 20) for _ in range(96)]\n\
               for i, x in enumerate(b):\n    x[::4096] = bytes([i % 251]) * 256\n\
               print('ok', all(x[::4096] == bytes([i % 251]) * 256 for i, x in enumerate(b)), flush=True)\n";
-    for (action, managed) in [("kill", false), ("errno", true)] {
+    for (action, managed) in [("kill", false), ("errno", true), ("threads", false)] {
         let bpf = dir.join(format!("{action}.bpf"));
         let o = Command::new(SYSTEM_PYTHON).args(["-c", make, action]).arg(&bpf).output().unwrap();
         assert!(o.status.success(), "python3-seccomp (.ci/run installs it): {}", text(&o));
