@@ -1747,6 +1747,23 @@ fn zmem_stats_reads_a_running_process() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("zmem run"), "{}", text(&o));
 }
 
+/// A daemon's idiom: close 0, 1 and 2, then open `/dev/null` three times
+/// and count on 0, 1 and 2 (dash does the same for a background job's
+/// stdin). A zmem thread that opened a file while those numbers were free
+/// kept one of them (the handler's `/proc/self/task/TID/stat`): the
+/// program's opens got 1, 2 and 13, in 2 runs of 3. In CI it showed as a
+/// forked shell's `head` finding a read-only file of zmem's at its
+/// stdout. zmem's descriptors now move off those numbers at once.
+#[test]
+fn a_program_that_closes_its_standard_streams_gets_them_back_from_its_next_opens() {
+    let exe = compile_c("stdclose");
+    for _ in 0..3 {
+        let o = zmem(&["run", "--limit", "16M", "--", exe.to_str().unwrap()], &[], 120);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("wrong 0 bad 0"), "{}", text(&o));
+    }
+}
+
 /// In the default directory (`/tmp/zmem-stats-UID`, the user's own) a
 /// stats file lives as long as its process: removed as it exits, swept
 /// after one killed by a signal (by `zmem run` as it ends, and by the next

@@ -326,6 +326,36 @@ pub fn reset_in_child() {
 
 /// Closes `fd` with the syscall, not the shim's `close` (which would see it
 /// kept, or wait for this thread's own section).
+/// `fd` moved above the standard streams' numbers (0, 1 and 2) if it got
+/// one of them. A program makes one of them free and expects it back
+/// from its next open or `dup2` (dash, for a background job, does
+/// `close(0)` then opens `/dev/null`, and `close(1)` then `dup2(3, 1)`;
+/// a daemon closes all three and opens `/dev/null` thrice). A zmem thread
+/// that opened a file in between held that number for good: in the `run`
+/// tests (CI, once) a forked shell's `dup2` went over such a descriptor,
+/// zmem later closed what was the job's stdout, and the `head` it then
+/// started found zmem's read-only file at its descriptor 1 ("head: write
+/// error: Bad file descriptor"). Moved at once, inside the section (the
+/// shim's `dup2` waits for it, as its `close` does), the number is free
+/// again two system calls later.
+fn above_std_streams(fd: OwnedFd) -> OwnedFd {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let raw = fd.as_raw_fd();
+    if raw > 2 {
+        return fd;
+    }
+    // SAFETY: a new descriptor for the open file `raw` (ours), close on
+    // exec, at 3 or above; no memory is touched.
+    let high = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 3) };
+    if high < 0 {
+        // Out of descriptors: the low number is better than none.
+        return fd;
+    }
+    close_raw(fd.into_raw_fd());
+    // SAFETY: `high` was just made, and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(high) }
+}
+
 fn close_raw(fd: RawFd) {
     // SAFETY: fd is a descriptor zmem owns and closes once (the caller's);
     // close(2) touches no memory.
@@ -367,7 +397,7 @@ pub fn open_kept<E>(wait: Wait, busy: E, open: impl FnOnce() -> Result<OwnedFd, 
 /// program's closes kept it from being opened.
 pub fn open_for_good(path: &std::path::Path) -> std::io::Result<RawFd> {
     let Some(_s) = Section::enter(Wait::Yes) else { return Err(std::io::ErrorKind::WouldBlock.into()) };
-    let fd = std::os::fd::IntoRawFd::into_raw_fd(std::fs::File::open(path)?);
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(above_std_streams(std::fs::File::open(path)?.into()));
     keep_for_good(fd);
     Ok(fd)
 }
@@ -487,6 +517,7 @@ impl KeptFd {
     /// shim's start-up, a forked child's only thread, inside a
     /// [`Section`]); elsewhere use [`open_kept`].
     pub fn new(fd: OwnedFd) -> KeptFd {
+        let fd = above_std_streams(fd);
         keep(fd.as_raw_fd());
         KeptFd(ManuallyDrop::new(fd))
     }

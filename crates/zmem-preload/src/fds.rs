@@ -29,6 +29,24 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     })
 }
 
+/// `dup2` closes `new` first, as `close` does: it waits for zmem's
+/// sections in the same way, so that it never lands between a zmem
+/// thread's open and the move of what it opened off a standard stream's
+/// number (`zmem_common::fds`). The program's own numbers are its own: a
+/// kept descriptor is never among 0, 1 and 2.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: the kernel's dup2 with the caller's arguments.
+    fds::closing(|| unsafe { libc::syscall(libc::SYS_dup2, old, new) as c_int })
+}
+
+/// As [`dup2`], with flags.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: the kernel's dup3 with the caller's arguments.
+    fds::closing(|| unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) as c_int })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let raw = |a: c_uint, b: c_uint| {
