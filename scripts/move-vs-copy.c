@@ -7,7 +7,17 @@
 //      is allocated or freed).
 // It also times MADV_DONTNEED of the whole region, which is how staging
 // gives its pages back after a pass.
-//   cc -O2 -o /tmp/move-vs-copy scripts/move-vs-copy.c && /tmp/move-vs-copy
+// Rounds 4-6 repeat it with a second thread of the process spinning on the
+// other CPU, as a program's threads and zmem's reclaim thread are: a MOVE
+// flushes the TLB (once per run of present pages, ARCHITECTURE.md), and
+// with another thread of the mm running the flush is an IPI to its CPU.
+// COPY fills empty entries and flushes nothing. scripts/move-ipi.c times
+// what that IPI costs the CPU it lands on.
+// (Not timed here: MOVE maps the page writable without its uffd-wp bit,
+// even where the source had it, so a write-tracked load by MOVE needs a
+// UFFDIO_WRITEPROTECT after it, and a write by another thread between the
+// two is not seen.)
+//   cc -O2 -pthread -o /tmp/move-vs-copy scripts/move-vs-copy.c && /tmp/move-vs-copy
 // Debian's headers predate UFFDIO_MOVE: its struct and number are the
 // kernel's uapi ones, written out here.
 #define _GNU_SOURCE
@@ -20,6 +30,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,6 +69,14 @@ static void move(int uffd, char *dst, char *src) {
     must(ioctl(uffd, UFFDIO_MOVE_, &m), "UFFDIO_MOVE");
 }
 
+static volatile int stop;
+
+static void *spin(void *unused) {
+    (void)unused;
+    while (!stop) __asm__ volatile("pause");
+    return NULL;
+}
+
 int main(void) {
     int uffd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
     struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_MOVE_};
@@ -68,7 +87,12 @@ int main(void) {
         struct uffdio_register reg = {.range = {(uint64_t)p, SPAN}, .mode = UFFDIO_REGISTER_MODE_MISSING};
         must(ioctl(uffd, UFFDIO_REGISTER, &reg), "UFFDIO_REGISTER");
     }
-    for (int round = 0; round < 3; round++) {
+    pthread_t sibling;
+    for (int round = 0; round < 6; round++) {
+        if (round == 3) {
+            must(pthread_create(&sibling, NULL, spin, NULL), "pthread_create");
+            printf("with a sibling thread spinning:\n");
+        }
         double t, copy = 0, populate = 0, move_in = 0, move_out = 0, move_back = 0, dontneed;
         for (int i = 0; i < FOLIOS; i++) {
             struct uffdio_copy c = {.dst = (uint64_t)(region + (size_t)i * FOLIO), .src = (uint64_t)src, .len = FOLIO};
@@ -107,5 +131,7 @@ int main(void) {
                copy / FOLIOS / 1e3, populate / FOLIOS / 1e3, move_in / FOLIOS / 1e3, move_out / FOLIOS / 1e3,
                move_back / FOLIOS / 1e3, dontneed / FOLIOS / 1e3);
     }
+    stop = 1;
+    pthread_join(sibling, NULL);
     return 0;
 }
