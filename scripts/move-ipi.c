@@ -7,8 +7,7 @@
 // registered areas, three times each. The difference, divided by the MOVEs
 // made meanwhile, is what one flush IPI costs the CPU it lands on.
 //   cc -O2 -pthread -o /tmp/move-ipi scripts/move-ipi.c && /tmp/move-ipi
-// Debian's headers predate UFFDIO_MOVE: its struct and number are the
-// kernel's uapi ones, written out here.
+// UFFDIO_MOVE's struct and number: uffd-move.h.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -24,12 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
-struct uffdio_move_ {
-    uint64_t dst, src, len, mode;
-    int64_t move;
-};
-#define UFFDIO_MOVE_ _IOWR(UFFDIO, 0x05, struct uffdio_move_)
-#define UFFD_FEATURE_MOVE_ (1ULL << 16)
+#include "uffd-move.h"
+
 #define FOLIO (64 << 10)
 #define SPAN (4 << 20)
 #define JOB (1 << 20)
@@ -38,16 +33,6 @@ static volatile int moving, stop;
 static volatile long moved; // folios
 static int uffd;
 static char *a, *b;
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static void must(int r, const char *what) {
-    if (r) exit((perror(what), 1));
-}
 
 static void pin(int cpu) {
     cpu_set_t s;

@@ -18,8 +18,7 @@
 // UFFDIO_WRITEPROTECT after it, and a write by another thread between the
 // two is not seen.)
 //   cc -O2 -pthread -o /tmp/move-vs-copy scripts/move-vs-copy.c && /tmp/move-vs-copy
-// Debian's headers predate UFFDIO_MOVE: its struct and number are the
-// kernel's uapi ones, written out here.
+// UFFDIO_MOVE's struct and number: uffd-move.h.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -34,34 +33,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "uffd-move.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-struct uffdio_move_ {
-    uint64_t dst, src, len, mode;
-    int64_t move;
-};
-#define UFFDIO_MOVE_ _IOWR(UFFDIO, 0x05, struct uffdio_move_)
-#define UFFD_FEATURE_MOVE_ (1ULL << 16)
 #define FOLIO (64 << 10)
 #define FOLIOS 4096
 #define SPAN ((size_t)FOLIOS * FOLIO)
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static char *map(void) {
     char *p = mmap(0, SPAN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) exit((perror("mmap"), 1));
     madvise(p, SPAN, MADV_NOHUGEPAGE); // small folios, as zmem's regions
     return p;
-}
-
-static void must(int r, const char *what) {
-    if (r) exit((perror(what), 1));
 }
 
 static void move(int uffd, char *dst, char *src) {

@@ -1,0 +1,31 @@
+// What scripts/move-vs-copy.c and scripts/move-ipi.c share. Debian's
+// headers predate UFFDIO_MOVE: its struct and number are the kernel's uapi
+// ones, written out here.
+#ifndef ZMEM_SCRIPTS_UFFD_MOVE_H
+#define ZMEM_SCRIPTS_UFFD_MOVE_H
+
+#include <linux/userfaultfd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <time.h>
+
+struct uffdio_move_ {
+    uint64_t dst, src, len, mode;
+    int64_t move;
+};
+#define UFFDIO_MOVE_ _IOWR(UFFDIO, 0x05, struct uffdio_move_)
+#define UFFD_FEATURE_MOVE_ (1ULL << 16)
+
+static inline double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static inline void must(int r, const char *what) {
+    if (r) exit((perror(what), 1));
+}
+
+#endif
