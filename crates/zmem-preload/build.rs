@@ -10,7 +10,12 @@
 //! `-Bsymbolic-functions` binds those calls to the shim's `calloc`, which
 //! serves zmem's threads from zmem's heap. For every other symbol it
 //! changes nothing: the shim already came first after the executable.
+//!
+//! It also compiles `src/flags.c`: the shim's per-thread flags, in the
+//! initial-exec TLS model (the file says why).
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    println!("cargo:rerun-if-changed=src/flags.c");
+    cc::Build::new().file("src/flags.c").flag("-ftls-model=initial-exec").compile("zmem_flags");
 }

@@ -225,6 +225,16 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     }
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
+    // AddressSanitizer refuses to start when another library comes before
+    // its runtime, as the shim does; told not to check, it starts, and the
+    // shim lets it run unmanaged with a warning (it cannot be managed).
+    // Read by sanitizer runtimes only; what the user set is kept.
+    let mut asan = std::env::var_os("ASAN_OPTIONS").filter(|o| !o.is_empty()).unwrap_or_default();
+    if !asan.is_empty() {
+        asan.push(":");
+    }
+    asan.push("verify_asan_link_order=0");
+    cmd.env("ASAN_OPTIONS", asan);
     forward_signals();
     let mut child = cmd.spawn().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
     started(i32::try_from(child.id()).context("the program's pid")?);

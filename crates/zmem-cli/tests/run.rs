@@ -2924,3 +2924,22 @@ fn ssh_logins_to_a_server_under_zmem_run_run_their_commands_and_end() {
         assert!(rss > 0 && rss < 160 << 10, "VmRSS {rss} kB: {outs:?}\n{log}");
     }
 }
+
+/// A program built with AddressSanitizer starts, runs unmanaged with one
+/// warning, and gets the user's `ASAN_OPTIONS` with the link-order check
+/// off. Before, ASan refused to start behind the shim; told not to check,
+/// it crashed in the shim's first `malloc` (its start-up `dlsym`, before
+/// any constructor, reached a Rust thread-local through ASan's own
+/// `__tls_get_addr`, not yet set up); and managed, it hung (ASan's
+/// interceptors reached its evicted metadata from zmem's own threads).
+#[test]
+fn a_program_built_with_address_sanitizer_runs_unmanaged_with_a_warning() {
+    let exe = compile_c_with("asan", &["-fsanitize=address", "-g"]);
+    let o = zmem(&["run", "--limit", "32M", "--", exe.to_str().unwrap()], &[("ASAN_OPTIONS", "halt_on_error=1")], 120);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(out.contains("ok: 0 bad"), "{}", text(&o));
+    assert!(out.contains("ASAN_OPTIONS=halt_on_error=1:verify_asan_link_order=0"), "{}", text(&o));
+    assert_eq!(err.matches("runs with AddressSanitizer").count(), 1, "{}", text(&o));
+    assert!(err.contains("runs unmanaged"), "{}", text(&o));
+}

@@ -1,23 +1,19 @@
 //! Reentrancy and unwinding: zmem's own code never manages its own memory,
 //! and no panic crosses the C ABI.
 
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 use crate::init::BROKEN;
 
-thread_local! {
-    /// Set while this thread runs shim code, and for good on zmem's threads.
-    static IN_ZMEM: Cell<bool> = const { Cell::new(false) };
-}
-
+/// Set while this thread runs shim code, and for good on zmem's threads
+/// (a per-thread flag, `flags.rs`).
 pub(crate) fn in_zmem() -> bool {
-    IN_ZMEM.with(Cell::get)
+    crate::flags::in_zmem()
 }
 
 /// Marks the calling thread as zmem's own: its allocations are never managed.
 pub fn mark_internal_thread() {
-    IN_ZMEM.with(|c| c.set(true));
+    crate::flags::replace_in_zmem(true);
     crate::next::mark_zmem_thread();
 }
 
@@ -35,10 +31,10 @@ pub fn mark_internal_thread() {
 /// reentrancy flag is the thread's). A signal sent meanwhile is delivered
 /// as `f` returns. zmem's own threads block them for good.
 pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
-    let was = IN_ZMEM.with(|c| c.replace(true));
+    let was = crate::flags::replace_in_zmem(true);
     let blocked = (!was).then(zmem_common::thread::block_async_signals);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    IN_ZMEM.with(|c| c.set(was));
+    crate::flags::replace_in_zmem(was);
     drop(blocked);
     match r {
         Ok(r) => Some(r),

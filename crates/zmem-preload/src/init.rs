@@ -246,6 +246,19 @@ fn init() -> Option<Shim> {
         );
         return None;
     }
+    if let Some(runtime) = sanitizer() {
+        warn_unmanaged(
+            &settings,
+            Warning::Sanitized,
+            format_args!(
+                "{} runs with {runtime}, which stands between zmem's own threads and the C library (memcpy, \
+                 malloc) and keeps its state in mappings zmem would evict: a zmem thread that touched one would \
+                 wait for itself",
+                program()
+            ),
+        );
+        return None;
+    }
     if let Some(signal) = crate::sandbox::filter_kills_zmem() {
         warn_unmanaged(
             &settings,
@@ -299,6 +312,29 @@ fn program() -> String {
         String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(16)]).into_owned()
     });
     format!("{} (pid {})", comm.trim_end(), std::process::id())
+}
+
+/// The sanitizer runtime loaded in this process, if any: its entry point
+/// is a global symbol (`libasan.so` and its kin, or a runtime linked into
+/// the executable and exported, as clang does). Under AddressSanitizer a
+/// managed run hung: its interceptors of `memcpy` and the like run on
+/// zmem's threads too, and reach its allocator's metadata, in anonymous
+/// mappings that a scan adopts and reclaim evicts.
+fn sanitizer() -> Option<&'static str> {
+    [
+        (c"__asan_init", "AddressSanitizer"),
+        (c"__hwasan_init", "HWAddressSanitizer"),
+        (c"__tsan_init", "ThreadSanitizer"),
+        (c"__msan_init", "MemorySanitizer"),
+        (c"__lsan_init", "LeakSanitizer"),
+    ]
+    .into_iter()
+    .find(|(sym, _)| {
+        // SAFETY: a lookup by a NUL-terminated name in the global scope;
+        // it may allocate, and this runs inside the shim (zmem's heap).
+        !unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) }.is_null()
+    })
+    .map(|(_, name)| name)
 }
 
 /// Whether this process runs on Valgrind's synthetic CPU: its

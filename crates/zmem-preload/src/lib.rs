@@ -59,6 +59,7 @@ mod capi;
 mod creds;
 mod exec;
 mod fds;
+mod flags;
 mod guard;
 mod heap;
 mod init;

@@ -20,7 +20,6 @@
 //! zmem thread is known by its name (`zmem-*`, set before any of that
 //! runs), looked up once per thread.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -68,14 +67,10 @@ static NEXT: Fns = Fns {
     usable_size: AtomicUsize::new(0),
 };
 
-thread_local! {
-    /// 0: not known yet; 1: a thread of the program's; 2: one of zmem's.
-    static THREAD: Cell<u8> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread is one of zmem's (named `zmem-*`).
+/// Whether the calling thread is one of zmem's (named `zmem-*`). The
+/// answer is kept per thread (`flags::thread_kind`).
 pub(crate) fn zmem_thread() -> bool {
-    THREAD.with(|t| match t.get() {
+    match crate::flags::thread_kind() {
         1 => false,
         2 => true,
         _ => {
@@ -83,15 +78,15 @@ pub(crate) fn zmem_thread() -> bool {
             // SAFETY: PR_GET_NAME writes at most 16 bytes into name.
             let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
             let ours = r == 0 && name.starts_with(b"zmem-");
-            t.set(if ours { 2 } else { 1 });
+            crate::flags::set_thread_kind(if ours { 2 } else { 1 });
             ours
         }
-    })
+    }
 }
 
 /// Marks the calling thread as zmem's (its threads call it first thing).
 pub(crate) fn mark_zmem_thread() {
-    THREAD.with(|t| t.set(2));
+    crate::flags::set_thread_kind(2);
 }
 
 /// Which allocator serves a new allocation: zmem's heap on zmem's threads

@@ -80,6 +80,9 @@ pub enum Warning {
     /// A process runs unmanaged: its parent forked it after changing its
     /// root.
     RootChanged = 3,
+    /// A process runs unmanaged: a sanitizer's runtime (AddressSanitizer
+    /// and its kin) is loaded in it.
+    Sanitized = 4,
 }
 
 /// A mapped segment.
