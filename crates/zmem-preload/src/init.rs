@@ -448,6 +448,11 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
         return f();
     };
+    // The program's errno goes into the call as it came: the work below
+    // (reads of /proc, sleeps, the pager's end) may leave EAGAIN there, and
+    // a call that succeeds does not clear it (Python's `ctypes` read 11
+    // after an `unshare` that returned 0).
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     let root_left = crate::stats::root_left();
     if root_left && old.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
         log::warn!(
@@ -463,6 +468,7 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     while threads() > 1 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    set_errno(errno);
     let r = f();
     if !root_left {
         keeping_errno(|| take_back(old, inherited));
