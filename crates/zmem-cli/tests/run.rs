@@ -2943,3 +2943,74 @@ fn a_program_built_with_address_sanitizer_runs_unmanaged_with_a_warning() {
     assert_eq!(err.matches("runs with AddressSanitizer").count(), 1, "{}", text(&o));
     assert!(err.contains("runs unmanaged"), "{}", text(&o));
 }
+
+/// A program that crashes with most of its memory evicted dumps core with
+/// every page of it, bit-identical (tests/data/coredump.c): a SIGSEGV on a
+/// second thread, an `abort`, and a SIGSEGV that a handler of the
+/// program's passes on by putting back the action it found (as Python's
+/// `faulthandler` does). Before, the kernel dumped after killing zmem's
+/// threads and never waits for a userfaultfd while dumping: every evicted
+/// page read as zeros in the dump. The program also sees `SIG_DFL` where
+/// the shim's handler is. Needs `core_pattern` = `core` (the dump in the
+/// working directory), which this test does not change.
+#[test]
+fn a_core_dump_holds_the_memory_zmem_had_evicted() {
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    if pattern.trim() != "core" {
+        eprintln!("skipped: kernel.core_pattern is {:?}, not `core`", pattern.trim());
+        return;
+    }
+    const MUL: u64 = 2654435761;
+    let exe = compile_c_with("coredump", &["-pthread"]);
+    for (mode, code) in [("segv", 139), ("abort", 134), ("faulthandler", 139)] {
+        let dir = tmpdir(&format!("core-{mode}"));
+        let stats = tmpdir(&format!("core-{mode}-stats"));
+        let mut c = Command::new("sh");
+        c.current_dir(&dir)
+            .args(["-c", "ulimit -c unlimited && exec \"$@\"", "sh", env!("CARGO_BIN_EXE_zmem")])
+            .args(["run", "--limit", "16M", "--", exe.to_str().unwrap(), "64", mode])
+            .env("ZMEM_PRELOAD", preload())
+            .env("ZMEM_STATS_DIR", &stats)
+            .env("ZMEM_STATS_INTERVAL_MS", "50");
+        let o = output_within(&mut c, 120, &format!("coredump {mode}"));
+        assert_eq!(o.status.code(), Some(code), "{mode}: {}", text(&o));
+        assert!(pager_max(&stats, "evicted_folios") > 0, "{mode}: nothing evicted; {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let w: Vec<&str> = out.split_whitespace().collect();
+        assert!(w.len() >= 5 && w[0] == "buf" && w[4] == "1", "{mode}: {}", text(&o));
+        let addr = u64::from_str_radix(w[1].trim_start_matches("0x"), 16).unwrap();
+        let len: u64 = w[2].parse().unwrap();
+        let core = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("core")))
+            .unwrap_or_else(|| panic!("{mode}: no core file in {}; {}", dir.display(), text(&o)));
+        let d = std::fs::read(&core).unwrap();
+        let (u16at, u32at, u64at) = (
+            |o: usize| u16::from_le_bytes(d[o..o + 2].try_into().unwrap()) as usize,
+            |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap()),
+            |o: usize| u64::from_le_bytes(d[o..o + 8].try_into().unwrap()),
+        );
+        assert_eq!(&d[..4], b"\x7fELF", "{mode}");
+        let (phoff, phentsize, phnum) = (u64at(0x20) as usize, u16at(0x36), u16at(0x38));
+        // PT_LOAD segments: (vaddr, file offset, bytes in the file).
+        let loads: Vec<(u64, u64, u64)> = (0..phnum)
+            .map(|i| phoff + i * phentsize)
+            .filter(|&h| u32at(h) == 1)
+            .map(|h| (u64at(h + 16), u64at(h + 8), u64at(h + 32)))
+            .collect();
+        let mut bad = 0;
+        for off in (0..len).step_by(4096) {
+            let a = addr + off;
+            let word = loads
+                .iter()
+                .find(|&&(va, _, filesz)| va <= a && a + 8 <= va + filesz)
+                .map(|&(va, fo, _)| u64at((fo + a - va) as usize));
+            if word != Some(off.wrapping_mul(MUL)) {
+                bad += 1;
+            }
+        }
+        assert_eq!(bad, 0, "{mode}: {bad} of {} pages wrong or missing in the dump", len / 4096);
+        std::fs::remove_file(&core).unwrap();
+    }
+}

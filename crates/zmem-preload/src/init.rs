@@ -206,6 +206,7 @@ static START: extern "C" fn() = start_at_load;
 
 extern "C" fn start_at_load() {
     guarded(crate::exec::prepare);
+    guarded(crate::coredump::resolve);
     let _ = shim();
 }
 
@@ -219,6 +220,7 @@ pub(crate) fn shim() -> Option<&'static Shim> {
     TRIED.get_or_init(|| {
         if let Some(s) = guarded(init).flatten() {
             install(s);
+            guarded(crate::coredump::install);
         }
     });
     current()
@@ -568,6 +570,18 @@ fn let_go(old: &'static Shim) -> Vec<(usize, usize)> {
         inherited
     })
     .unwrap_or_default()
+}
+
+/// Gives this process's memory back before a core dump (`coredump.rs`):
+/// loaded back and unregistered, zmem's threads joined, as for `unshare`.
+/// Not in a vfork child, whose memory is its parent's.
+pub(crate) fn give_back_for_dump() {
+    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    if let Some(old) = current() {
+        let _ = let_go(old);
+    }
 }
 
 /// A new pager, under `old`'s settings, adopts what [`let_go`] gave back.

@@ -56,6 +56,7 @@
 #![recursion_limit = "256"]
 
 mod capi;
+mod coredump;
 mod creds;
 mod exec;
 mod fds;
