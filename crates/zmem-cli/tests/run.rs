@@ -2946,9 +2946,10 @@ fn a_program_built_with_address_sanitizer_runs_unmanaged_with_a_warning() {
 
 /// A program that crashes with most of its memory evicted dumps core with
 /// every page of it, bit-identical (tests/data/coredump.c): a SIGSEGV on a
-/// second thread, an `abort`, and a SIGSEGV that a handler of the
-/// program's passes on by putting back the action it found (as Python's
-/// `faulthandler` does). Before, the kernel dumped after killing zmem's
+/// second thread, an `abort`, a SIGSEGV that a handler of the program's
+/// passes on by putting back the action it found (as Python's
+/// `faulthandler` does), and one whose handler ends with
+/// `signal(sig, SIG_DFL)` and `raise`. Before, the kernel dumped after killing zmem's
 /// threads and never waits for a userfaultfd while dumping: every evicted
 /// page read as zeros in the dump. The program also sees `SIG_DFL` where
 /// the shim's handler is. Needs `core_pattern` = `core` (the dump in the
@@ -2962,7 +2963,7 @@ fn a_core_dump_holds_the_memory_zmem_had_evicted() {
     }
     const MUL: u64 = 2654435761;
     let exe = compile_c_with("coredump", &["-pthread"]);
-    for (mode, code) in [("segv", 139), ("abort", 134), ("faulthandler", 139)] {
+    for (mode, code) in [("segv", 139), ("abort", 134), ("faulthandler", 139), ("signal", 139)] {
         let dir = tmpdir(&format!("core-{mode}"));
         let stats = tmpdir(&format!("core-{mode}-stats"));
         let mut c = Command::new("sh");
@@ -2978,6 +2979,7 @@ fn a_core_dump_holds_the_memory_zmem_had_evicted() {
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         let w: Vec<&str> = out.split_whitespace().collect();
         assert!(w.len() >= 5 && w[0] == "buf" && w[4] == "1", "{mode}: {}", text(&o));
+        assert!(mode != "signal" || out.contains("prev dfl 1"), "{mode}: {}", text(&o));
         let addr = u64::from_str_radix(w[1].trim_start_matches("0x"), 16).unwrap();
         let len: u64 = w[2].parse().unwrap();
         let core = std::fs::read_dir(&dir)

@@ -17,9 +17,10 @@
 //! handler returns and the kernel dumps, as it would have.
 //!
 //! To the program the disposition is still `SIG_DFL`: the shim's
-//! `sigaction` reports `SIG_DFL` where the handler is, and keeps the
-//! handler where the program sets `SIG_DFL` (Python's `faulthandler` puts
-//! back what it found before it raises the signal again). A runtime that
+//! `sigaction` and `signal` report `SIG_DFL` where the handler is, and
+//! keep the handler where the program sets `SIG_DFL` (Python's
+//! `faulthandler` puts back what it found before it raises the signal
+//! again; many crash handlers call `signal(sig, SIG_DFL)` and `raise`). A runtime that
 //! chains to the handler it found (HotSpot) so finds none to call, and
 //! writes its own crash report as without zmem.
 //!
@@ -27,8 +28,7 @@
 //! the memory back could wait for a lock the crashed code holds), a dump
 //! made by `gcore` or through `/proc/PID/mem` (the kernel's remote reads
 //! never wait for a userfaultfd either: they fail with EIO on evicted
-//! pages), and a program that sets its own handler and then `SIG_DFL`
-//! through glibc's `signal` (not interposed).
+//! pages), and `sigvec`, `sigset` and `sysv_signal` (not interposed).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -48,16 +48,20 @@ const DUMPING: [c_int; 9] = [
 ];
 
 type SigactionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
 
 extern "C" {
-    /// glibc's own `sigaction`, for calls made before [`resolve`] found
-    /// the next one in symbol order.
+    /// glibc's own `sigaction` and `signal`, for calls made before
+    /// [`resolve`] found the next ones in symbol order.
     fn __sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int;
+    fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
 }
 
 /// The `sigaction` next after the shim's (glibc's, or another
 /// interposer's); 0 until [`resolve`].
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+/// The same for `signal`.
+static NEXT_SIGNAL: AtomicUsize = AtomicUsize::new(0);
 /// Which signals the handler was installed for (bit `sig`).
 static OURS: AtomicUsize = AtomicUsize::new(0);
 /// `core_pattern` pipes the dump to a program (`|...`).
@@ -71,6 +75,24 @@ pub(crate) fn resolve() {
     // definition after this library's.
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
     NEXT.store(f, Ordering::Relaxed);
+    // SAFETY: as above.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"signal".as_ptr()) } as usize;
+    NEXT_SIGNAL.store(f, Ordering::Relaxed);
+}
+
+/// The next `signal`, called as is.
+unsafe fn next_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    match NEXT_SIGNAL.load(Ordering::Relaxed) {
+        // SAFETY: the caller's arguments, passed on.
+        0 => unsafe { bsd_signal(sig, handler) },
+        f => {
+            // SAFETY: `f` is what dlsym found for `signal`, which has this
+            // signature.
+            let f: SignalFn = unsafe { std::mem::transmute::<usize, SignalFn>(f) };
+            // SAFETY: the caller's arguments, passed on.
+            unsafe { f(sig, handler) }
+        }
+    }
 }
 
 /// The next `sigaction`, called as is.
@@ -212,4 +234,32 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, oact
         unsafe { *oact = dfl };
     }
     r
+}
+
+/// `signal(3)` likewise: glibc's calls its own `sigaction`, not the
+/// shim's. `signal(sig, SIG_DFL)` before `raise(sig)` is how many crash
+/// handlers end (after printing a backtrace): it keeps the shim's handler,
+/// so their dump holds the memory too.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if ours(sig) && handler == libc::SIG_DFL && STATE.load(Ordering::Relaxed) == 0 {
+        // SAFETY: a zeroed sigaction is SIG_DFL with an empty mask.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_flags = libc::SA_RESTART;
+        // SAFETY: a zeroed sigaction to write the old action into.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: our own structs; `sigaction` above keeps the handler and
+        // reports it as SIG_DFL.
+        return match unsafe { sigaction(sig, &act, &mut old) } {
+            0 => old.sa_sigaction,
+            _ => libc::SIG_ERR,
+        };
+    }
+    // SAFETY: the caller's arguments, passed on.
+    let old = unsafe { next_signal(sig, handler) };
+    if old == handler_addr() {
+        libc::SIG_DFL
+    } else {
+        old
+    }
 }

@@ -8,7 +8,10 @@
  * - "abort": the main thread calls abort() (SIGABRT);
  * - "faulthandler": a handler the program installs for SIGSEGV puts back
  *   the action it found and raises the signal again, as Python's
- *   faulthandler does; then a null write on the main thread.
+ *   faulthandler does; then a null write on the main thread;
+ * - "signal": a handler installed with signal() ends as many crash
+ *   handlers do, with signal(sig, SIG_DFL) and raise(sig). Prints
+ *   "prev dfl 1" if signal() returned SIG_DFL as the old handler.
  * argv[1]: MiB in the buffer. */
 #include <pthread.h>
 #include <signal.h>
@@ -27,6 +30,11 @@ static void chained(int sig) {
     raise(sig);
 }
 
+static void idiom(int sig) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void *crash(void *arg) {
     (void)arg;
     *(volatile int *)(uintptr_t)0 = 1;
@@ -35,7 +43,7 @@ static void *crash(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: coredump MIB segv|abort|faulthandler\n");
+        fprintf(stderr, "usage: coredump MIB segv|abort|faulthandler|signal\n");
         return 2;
     }
     size_t n = (size_t)atoi(argv[1]) << 20;
@@ -64,6 +72,11 @@ int main(int argc, char **argv) {
         act.sa_handler = chained;
         act.sa_flags = SA_NODEFER;
         sigaction(SIGSEGV, &act, &found);
+        crash(NULL);
+    } else if (!strcmp(argv[2], "signal")) {
+        void (*prev)(int) = signal(SIGSEGV, idiom);
+        printf("prev dfl %d\n", prev == SIG_DFL);
+        fflush(stdout);
         crash(NULL);
     }
     return 3;
