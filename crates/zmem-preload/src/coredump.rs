@@ -118,6 +118,19 @@ fn handler_addr() -> usize {
     on_fatal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize
 }
 
+/// The action that installs the handler: on the thread's alternate stack
+/// if it has one, with every signal blocked while it runs (no handler of
+/// the program's runs while the memory is given back).
+fn our_action() -> libc::sigaction {
+    // SAFETY: a zeroed sigaction is a valid value, filled in below.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler_addr();
+    act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+    // SAFETY: sigfillset writes the mask of our own struct.
+    unsafe { libc::sigfillset(&mut act.sa_mask) };
+    act
+}
+
 /// Whether a fatal signal now would write a dump.
 fn may_dump() -> bool {
     // SAFETY: PR_GET_DUMPABLE takes no pointer.
@@ -148,17 +161,9 @@ pub(crate) fn install() {
         if unsafe { next_sigaction(sig, std::ptr::null(), &mut old) } != 0 || old.sa_sigaction != libc::SIG_DFL {
             continue;
         }
-        // SAFETY: as above.
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = handler_addr();
-        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-        // Every signal blocked while it runs: no handler of the program's
-        // runs while the memory is given back.
-        // SAFETY: sigfillset writes the mask in our own struct.
-        unsafe { libc::sigfillset(&mut act.sa_mask) };
         OURS.fetch_or(1 << sig, Ordering::Relaxed);
         // SAFETY: a valid action for a signal number in range.
-        if unsafe { next_sigaction(sig, &act, std::ptr::null_mut()) } != 0 {
+        if unsafe { next_sigaction(sig, &our_action(), std::ptr::null_mut()) } != 0 {
             OURS.fetch_and(!(1 << sig), Ordering::Relaxed);
         }
     }
@@ -210,19 +215,11 @@ extern "C" fn on_fatal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void
 /// `SIG_DFL`, and `SIG_DFL` set for one of its signals keeps it.
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int {
-    let mut act = act;
-    // SAFETY: zeroed is a valid sigaction; filled below before use.
-    let mut keep: libc::sigaction = unsafe { std::mem::zeroed() };
+    let keep = our_action();
     // SAFETY: `act` is the caller's: null (checked first) or a valid
     // sigaction.
     let sets_default = !act.is_null() && unsafe { (*act).sa_sigaction } == libc::SIG_DFL;
-    if ours(sig) && sets_default && STATE.load(Ordering::Relaxed) == 0 {
-        keep.sa_sigaction = handler_addr();
-        keep.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-        // SAFETY: sigfillset writes our own struct's mask.
-        unsafe { libc::sigfillset(&mut keep.sa_mask) };
-        act = &keep;
-    }
+    let act = if ours(sig) && sets_default && STATE.load(Ordering::Relaxed) == 0 { &keep } else { act };
     // SAFETY: the caller's pointers (or ours), passed on.
     let r = unsafe { next_sigaction(sig, act, oact) };
     // SAFETY: after a successful call `oact`, when not null, holds the old
