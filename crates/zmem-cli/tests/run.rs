@@ -1242,6 +1242,187 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
     assert!(!log.contains("takes the whole limit"), "{log}");
 }
 
+/// A MariaDB server (`mariadbd`), under `zmem run` or as is; killed if a
+/// check fails.
+struct Mariadb {
+    dir: PathBuf,
+    server: std::process::Child,
+}
+
+impl Mariadb {
+    /// A new data directory in `dir` (`mariadb-install-db`, as is).
+    fn install(dir: &Path) {
+        let o = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .args(Self::user())
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg("--auth-root-authentication-method=normal")
+            .output()
+            .expect("mariadb-install-db (Debian's mariadb-server; .ci/run installs it)");
+        assert!(o.status.success(), "mariadb-install-db: {}", text(&o));
+    }
+
+    /// `mariadbd`: on the path, or where Debian puts it (a PATH without
+    /// `/usr/sbin`).
+    fn server() -> PathBuf {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .chain([PathBuf::from("/usr/sbin")])
+            .map(|d| d.join("mariadbd"))
+            .find(|p| p.is_file())
+            .expect("mariadbd (Debian's mariadb-server; .ci/run installs it)")
+    }
+
+    /// `--user=root` under root: mariadbd refuses root without it.
+    fn user() -> Option<&'static str> {
+        // SAFETY: geteuid has no preconditions.
+        (unsafe { libc::geteuid() } == 0).then_some("--user=root")
+    }
+
+    /// Starts the server on `dir`'s data, with InnoDB's buffer pool of
+    /// `pool` and its own I/O: `O_DIRECT` reads and writes through io_uring
+    /// (or Linux AIO), into and out of that pool. Under `zmem run --limit
+    /// LIMIT` if `limit` is given.
+    fn start(dir: &Path, pool: &str, limit: Option<&str>) -> Mariadb {
+        let mut c = match limit {
+            Some(limit) => {
+                let (stats, swap) = (dir.join("stats"), dir.join("swap"));
+                for d in [&stats, &swap] {
+                    std::fs::create_dir_all(d).unwrap();
+                }
+                let mut c = Command::new(env!("CARGO_BIN_EXE_zmem"));
+                c.args(["run", "--limit", limit, "--swapfile", swap.to_str().unwrap(), "--"]);
+                c.arg(Self::server());
+                c.env("ZMEM_PRELOAD", preload()).env("ZMEM_STATS_DIR", &stats).env("ZMEM_STATS_INTERVAL_MS", "50");
+                c
+            }
+            None => Command::new(Self::server()),
+        };
+        c.arg("--no-defaults").args(Self::user());
+        c.arg(format!("--datadir={}", dir.join("data").display()));
+        c.arg(format!("--socket={}", dir.join("sock").display()));
+        c.arg(format!("--log-error={}", dir.join("error.log").display()));
+        c.arg(format!("--pid-file={}", dir.join("pid").display()));
+        c.args(["--skip-networking", "--innodb-flush-method=O_DIRECT", "--innodb-use-native-aio=1"]);
+        c.arg(format!("--innodb-buffer-pool-size={pool}"));
+        c.stdout(Stdio::null()).stderr(std::fs::File::create(dir.join("stderr.log")).unwrap());
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        let server = c.spawn().expect("start mariadbd");
+        let mut db = Mariadb { dir: dir.to_path_buf(), server };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !db.client("select 1").status.success() {
+            if db.server.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                panic!("mariadbd did not start: {}", db.log());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        db
+    }
+
+    fn client(&self, sql: &str) -> Output {
+        Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!("--socket={}", self.dir.join("sock").display()))
+            // A database for `seq_1_to_N` (MariaDB's Sequence engine).
+            .args(["-uroot", "-D", "mysql", "-N", "-B", "-e", sql])
+            .output()
+            .expect("mariadb (Debian's mariadb-client; .ci/run installs it)")
+    }
+
+    /// `sql`'s output; a failed statement fails the test.
+    fn query(&self, sql: &str) -> String {
+        let o = self.client(sql);
+        assert!(o.status.success(), "{sql}: {}; {}", text(&o), self.log());
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    fn log(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        format!("error.log:\n{}\nstderr:\n{}", read("error.log"), read("stderr.log"))
+    }
+
+    /// A clean shutdown (SIGTERM: InnoDB writes every dirty page of its
+    /// pool out); returns how the server (or `zmem run`) ended.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let pid: i32 = std::fs::read_to_string(self.dir.join("pid")).unwrap().trim().parse().unwrap();
+        // SAFETY: signals the server this test started (its pid file);
+        // kill(2) touches no memory of ours.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.server.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "mariadbd did not stop in 60 s: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Mariadb {
+    fn drop(&mut self) {
+        if self.server.try_wait().ok().flatten().is_none() {
+            // SAFETY: signals the process group this test made; kill(2)
+            // touches no memory of ours.
+            unsafe { libc::kill(-(self.server.id() as i32), libc::SIGKILL) };
+            let _ = self.server.wait();
+        }
+    }
+}
+
+/// MariaDB's InnoDB moves its pages between disk and its buffer pool by
+/// itself: `O_DIRECT` reads and writes through io_uring, which the kernel
+/// does on the pool's memory (pinning its pages), not a load or store of
+/// the program. Under a limit below the pool, those reads land
+/// in frames zmem had evicted and the writes read from them. The table
+/// then reads back as the same rows computed anew (`seq_1_to_N` touches
+/// no table), and, after a clean shutdown, a server run as is finds the
+/// same rows on disk: what InnoDB wrote from evicted frames was the data.
+#[test]
+fn mariadb_innodb_reads_and_writes_its_pool_by_o_direct_and_keeps_every_row() {
+    let dir = tmpdir("mariadb");
+    Mariadb::install(&dir);
+    let rows = 100_000;
+    let a = "concat(if(seq % 7 = 3, 'u', ''), sha2(seq, 256), '-', seq)";
+    let b = "unhex(concat(sha2(seq * 7, 512), sha2(seq * 3, 256)))";
+    let want = format!("select count(*), sum(crc32({a})), sum(crc32({b})) from seq_1_to_{rows}");
+    let got = "select count(*), sum(crc32(a)), sum(crc32(b)) from z.t";
+    let mut db = Mariadb::start(&dir, "32M", Some("24M"));
+    db.query("create database z");
+    db.query("create table z.t (id int primary key, a varchar(100), b varbinary(200), key(a(12))) engine=InnoDB");
+    db.query(&format!("insert into z.t select seq, concat(sha2(seq, 256), '-', seq), {b} from seq_1_to_{rows}"));
+    db.query("update z.t set a = concat('u', a) where id % 7 = 3");
+    let expected = db.query(&want);
+    assert!(expected.starts_with(&format!("{rows}\t")), "{expected}");
+    assert_eq!(db.query(got), expected, "the table under zmem differs from its rows computed anew");
+    // Through the secondary index: a lookup of each row in the clustered one.
+    assert_eq!(
+        db.query("select count(*) from z.t force index(a) where a like 'u%'"),
+        db.query(&format!("select count(*) from seq_1_to_{rows} where seq % 7 = 3"))
+    );
+    let reads: u64 = db
+        .query("show global status like 'Innodb_buffer_pool_reads'")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let st = db.stop();
+    assert!(st.success(), "zmem run: {st:?}; {}", db.log());
+    // The table is larger than the pool: InnoDB read pages back from disk.
+    assert!(reads > 1000, "InnoDB read {reads} pages from disk");
+    let evicted = pager_max(&dir.join("stats"), "evicted_folios");
+    assert!(evicted > 5000, "mariadbd was not evicted ({evicted} folios)");
+    let cow = pager_max(&dir.join("stats"), "cow_breaks");
+    eprintln!("InnoDB read {reads} pages; zmem evicted {evicted} folios, broke {cow} pinned pages' COW");
+
+    let mut db = Mariadb::start(&dir, "64M", None);
+    assert_eq!(db.query(got), expected, "the table written under zmem differs on disk");
+    let check = db.query("check table z.t");
+    assert!(check.ends_with("status\tOK"), "{check}");
+    assert!(db.stop().success(), "{}", db.log());
+}
+
 /// Debian's redis-server (jemalloc inside) under a limit of a fraction of
 /// what it loads: it starts, takes 200k keys, saves them in the background
 /// (a fork) while it serves reads, and its whole dataset is then bit for
