@@ -82,9 +82,16 @@ impl Inner {
         self.limit() / 100 * self.cfg.low_watermark_percent as usize
     }
 
+    /// Wakes the reclaim thread. A kick it has not seen yet was notified
+    /// when it was set, so a second is not: each notify is a futex call,
+    /// and a fault above the high watermark kicks (per fault).
     pub(super) fn kick_reclaim(&self) {
-        *self.kick.0.lock_ok() = true;
-        self.kick.1.notify_one();
+        let mut k = self.kick.0.lock_ok();
+        if !*k {
+            *k = true;
+            drop(k);
+            self.kick.1.notify_one();
+        }
     }
 
     /// After a fault: kick reclaim above the high watermark, and above the
@@ -124,6 +131,7 @@ impl Inner {
         cond: impl Fn() -> bool,
     ) {
         let mut g = self.reclaimed.0.lock_ok();
+        *g += 1;
         while cond() && Instant::now() < deadline {
             if let Some(pass) = help.then(|| self.pass_stores.lock_ok().clone()).flatten() {
                 drop(g);
@@ -139,13 +147,17 @@ impl Inner {
             }
             g = unpoison(self.reclaimed.1.wait_timeout(g, step)).0;
         }
+        *g -= 1;
     }
 
     /// Wakes whoever waits for reclaim (`throttle`, `Pager::reclaim_now`):
     /// usage or the reclaimer's state changed. The lock is taken first, so
-    /// a waiter is either already asleep (and woken) or checks afterwards.
+    /// a waiter is either already asleep (and woken) or checks afterwards;
+    /// with none counted under it, no futex call is made.
     pub(super) fn wake_reclaim_waiters(&self) {
-        drop(self.reclaimed.0.lock_ok());
-        self.reclaimed.1.notify_all();
+        let waiters = *self.reclaimed.0.lock_ok();
+        if waiters > 0 {
+            self.reclaimed.1.notify_all();
+        }
     }
 }

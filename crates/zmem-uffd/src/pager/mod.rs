@@ -182,7 +182,9 @@ struct Inner {
     /// older one (the program unmapped part of it, and the kernel put a new
     /// mapping there), so two may share a start.
     regions: RwLock<BTreeMap<(u64, u32), Arc<RegionState>>>,
-    stripes: Vec<(Mutex<()>, Condvar)>,
+    /// Folio locks, striped (`stripe`); each counts the threads waiting on
+    /// its condvar for a folio's eviction to finish.
+    stripes: Vec<(Mutex<u32>, Condvar)>,
     lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
     resident: AtomicUsize,
     /// Pages of Resident folios left in the tier by partial loads
@@ -207,7 +209,8 @@ struct Inner {
     /// and stays listed (`Pager::lost_thread`).
     running: Mutex<Vec<(String, i32)>>,
     kick: (Mutex<bool>, Condvar),
-    reclaimed: (Mutex<()>, Condvar),
+    /// The count of threads in `wait_for_reclaim_while`, and their wake-up.
+    reclaimed: (Mutex<u32>, Condvar),
     /// The stores of the reclaim pass under way, which a fault waiting in
     /// `throttle` helps with (`direct.rs`). A leaf lock, held only to
     /// publish, take or clear the pass.
@@ -454,7 +457,7 @@ impl Pager {
         // with EAGAIN (an unread event), and the pages must survive a retry.
         let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
         let inner = Arc::new(Inner {
-            stripes: (0..STRIPES).map(|_| (Mutex::new(()), Condvar::new())).collect(),
+            stripes: (0..STRIPES).map(|_| (Mutex::new(0), Condvar::new())).collect(),
             lru: Mutex::new(Lru::default()),
             regions: RwLock::new(BTreeMap::new()),
             resident: AtomicUsize::new(0),
@@ -469,7 +472,7 @@ impl Pager {
             stop: AtomicBool::new(false),
             running: Mutex::new(Vec::new()),
             kick: (Mutex::new(false), Condvar::new()),
-            reclaimed: (Mutex::new(()), Condvar::new()),
+            reclaimed: (Mutex::new(0), Condvar::new()),
             pass_stores: Mutex::new(None),
             dropped: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
@@ -664,7 +667,7 @@ impl Inner {
         RegisterMode { missing: true, wp: self.tracking }
     }
 
-    pub(super) fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<()>, Condvar) {
+    pub(super) fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<u32>, Condvar) {
         &self.stripes[(st.id as usize * 7919 + f) % STRIPES]
     }
 

@@ -789,7 +789,11 @@ impl Inner {
             self.tier.invalidate(st.key(f * ppf + p));
         }
         let forward = self.take_forward(st, f);
-        cv.notify_all();
+        // Waiters are rare (a region retired mid-eviction); a notify is a
+        // futex call per evicted folio.
+        if *g > 0 {
+            cv.notify_all();
+        }
         drop(g);
         if !forward.is_empty() {
             self.finish_forward(forward);

@@ -326,9 +326,12 @@ impl Drop for Region {
         for f in 0..st.state.len() {
             let (lock, cv) = inner.stripe(st, f);
             let mut g = lock.lock_ok();
-            // A program thread (never the handler) may wait for reclaim.
+            // A program thread (never the handler) may wait for reclaim,
+            // counted in the lock (`finish` notifies only with a waiter).
             while st.folio(f) == Folio::Evicting {
+                *g += 1;
                 g = unpoison(cv.wait(g));
+                *g -= 1;
             }
             let old = st.swap_folio(f, Folio::Never);
             let swapped = inner.clear_swapped(st, f, u64::MAX);
