@@ -1012,7 +1012,11 @@ fn a_stride_over_adjacent_folios_loads_blocks_and_reads_nothing_ahead() {
     let partial = s.partial_load_faults - before.partial_load_faults;
     let ahead = s.readahead_folios - before.readahead_folios;
     assert!(faults >= 32, "the folios were evicted: {faults} load faults; {s:?}");
-    assert_eq!(partial, faults, "every load was a block; {s:?}");
+    // A folio whose store was rejected (`eviction_rejects`: on a busy
+    // machine the pool can fill before its writeback catches up) is held
+    // raw and mapped whole at its fault; once in a repeat run beside a
+    // MariaDB load, 63 of 64 loads were blocks with one rejection.
+    assert!(faults - partial <= s.eviction_rejects, "every load of an entry was a block; {s:?}");
     assert_eq!(ahead, 0, "nothing read ahead; {s:?}");
     let bad: usize = (0..pages).map(|pg| check_page(&r, pg, 7)).sum();
     assert_eq!(bad, 0, "{:?}", p.stats());
