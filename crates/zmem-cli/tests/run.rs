@@ -1242,6 +1242,51 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
     assert!(!log.contains("takes the whole limit"), "{log}");
 }
 
+/// A user the kernel lets have userfaultfd for faults from user mode only
+/// (`vm.unprivileged_userfaultfd=0`, its default, and no access to
+/// `/dev/userfaultfd`): the kernel's own accesses to an evicted page, made
+/// for the program's system calls, fail with EFAULT there rather than wait
+/// for zmem, so the tree is told once, with what to change. Run as
+/// `nobody` from root (skipped otherwise, or where this machine gives
+/// `nobody` more).
+#[test]
+fn a_user_with_userfaultfd_for_user_mode_only_is_told_what_fails() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    let dev_open = std::fs::metadata("/dev/userfaultfd")
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 != 0)
+        .unwrap_or(false);
+    if !root || sysctl.trim() != "0" || dev_open {
+        eprintln!("skipped: needs root, vm.unprivileged_userfaultfd=0 and /dev/userfaultfd closed to others");
+        return;
+    }
+    let dir = tmpdir("user-mode-only");
+    let st = Command::new("chmod").arg("777").arg(&dir).status().unwrap();
+    assert!(st.success());
+    // 64 MiB written under 16M, then read from a file into its first MiB
+    // (evicted by then): Python gets EFAULT ("Bad address") from read(2).
+    let py = "b = bytearray(64 << 20)\n\
+              for i in range(0, len(b), 4096): b[i] = 1\n\
+              open('f', 'wb').write(b'x' * (1 << 20))\n\
+              try:\n    print('read', open('f', 'rb', buffering=0).readinto(memoryview(b)[: 1 << 20]))\n\
+              except OSError as e:\n    print('read failed:', e.errno)\n";
+    let mut c = Command::new("runuser");
+    c.args(["-u", "nobody", "--"]).arg(env!("CARGO_BIN_EXE_zmem"));
+    c.args(["run", "--limit", "16M", "--swapfile"]).arg(&dir).args(["--", "/usr/bin/python3", "-c", py]);
+    c.current_dir(&dir).env("ZMEM_PRELOAD", preload());
+    let o = output_within(&mut c, 120, "zmem run as nobody");
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).matches("faults from user mode").count(),
+        1,
+        "told once, with what to change: {out}"
+    );
+    assert!(out.contains("vm.unprivileged_userfaultfd=1") && out.contains("/dev/userfaultfd"), "{out}");
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+}
+
 /// A MariaDB server (`mariadbd`), under `zmem run` or as is; killed if a
 /// check fails.
 struct Mariadb {

@@ -302,6 +302,26 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
     }
 }
 
+/// Says, once per tree, that this process's userfaultfd serves faults
+/// from user mode only, and what that breaks: the kernel's own accesses to
+/// an evicted page, made for the program's system calls, fail with EFAULT
+/// rather than wait for the load (a `read(2)` into a buffer zmem evicted
+/// returned "Bad address" to Python run as `nobody`).
+fn warn_user_mode_only(settings: &Settings) {
+    let first = match settings.tree.as_deref().map(zmem_uffd::tree::Tree::open) {
+        Some(Ok(t)) => t.first_warning(Warning::UserModeOnly),
+        _ => true,
+    };
+    if first {
+        log::warn!(
+            "this user may only have userfaultfd for faults from user mode (vm.unprivileged_userfaultfd=0 and no \
+             access to /dev/userfaultfd): a system call on an evicted page, such as read(2) into it or write(2) \
+             from it, fails with EFAULT (\"Bad address\"). As root, run `sysctl vm.unprivileged_userfaultfd=1` or \
+             give this user read-write access to /dev/userfaultfd"
+        );
+    }
+}
+
 /// This process, for a message: the name the kernel keeps
 /// (`/proc/self/comm`) and its pid.
 /// Without `/proc` (a new root), the calling thread's name.
@@ -425,6 +445,9 @@ fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<S
             return None;
         }
     };
+    if pager.user_mode_only() {
+        warn_user_mode_only(&settings);
+    }
     if let Err(e) = crate::stats::start_thread(settings.stats_dir.clone(), settings.stats_interval) {
         log::warn!("no stats thread: {e}");
     }

@@ -144,6 +144,8 @@ pub struct Uffd {
     fd: zmem_common::fds::KeptFd,
     features: Features,
     ioctls: u64,
+    /// Made with `UFFD_USER_MODE_ONLY` ([`user_mode_only`](Self::user_mode_only)).
+    user_mode_only: bool,
 }
 
 fn syscall_fd(flags: rustix::mm::UserfaultfdFlags) -> Result<OwnedFd, Errno> {
@@ -183,19 +185,28 @@ unsafe impl rustix::ioctl::Ioctl for NewFd {
     }
 }
 
-fn open_raw(mode: OpenMode) -> Result<OwnedFd, UffdError> {
+/// A new descriptor, and whether it serves faults from user mode only.
+/// `Auto` prefers what serves the kernel's own accesses too (a `read(2)`
+/// into a registered page, a futex word there): the syscall, then
+/// `/dev/userfaultfd`, and only then `UFFD_USER_MODE_ONLY`, under which
+/// such an access fails with EFAULT (`vm.unprivileged_userfaultfd=0`, the
+/// kernel's default, leaves an unprivileged process only that one).
+fn open_raw(mode: OpenMode) -> Result<(OwnedFd, bool), UffdError> {
     use rustix::mm::UserfaultfdFlags as F;
     let base = F::CLOEXEC | F::NONBLOCK;
     let user = F::from_bits_retain(uapi::UFFD_USER_MODE_ONLY);
-    let dev_flags = (base | user).bits();
     let unsupported = |e: Errno| if e == Errno::NOSYS { UffdError::Unsupported(e) } else { not_permitted(e) };
+    let full = |fd| (fd, false);
+    let user_only = |fd| (fd, true);
     match mode {
-        OpenMode::Syscall => syscall_fd(base).map_err(unsupported),
-        OpenMode::UserModeOnly => syscall_fd(base | user).map_err(unsupported),
-        OpenMode::DevUserfaultfd => dev_fd(dev_flags).map_err(unsupported),
-        OpenMode::Auto => {
-            syscall_fd(base).or_else(|_| syscall_fd(base | user)).or_else(|_| dev_fd(dev_flags)).map_err(unsupported)
-        }
+        OpenMode::Syscall => syscall_fd(base).map(full).map_err(unsupported),
+        OpenMode::UserModeOnly => syscall_fd(base | user).map(user_only).map_err(unsupported),
+        OpenMode::DevUserfaultfd => dev_fd(base.bits()).map(full).map_err(unsupported),
+        OpenMode::Auto => syscall_fd(base)
+            .map(full)
+            .or_else(|_| dev_fd(base.bits()).map(full))
+            .or_else(|_| syscall_fd(base | user).map(user_only))
+            .map_err(unsupported),
     }
 }
 
@@ -240,9 +251,15 @@ impl Uffd {
     pub fn open(mode: OpenMode, want: Features) -> Result<Uffd, UffdError> {
         // Kept from the moment they exist (`zmem_common::fds`): a pager may
         // start while another thread of the program closes descriptors.
-        let kept = || {
+        let mut user_mode_only = false;
+        let mut kept = || {
             let busy = UffdError::Unsupported(Errno::AGAIN);
-            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, busy, || open_raw(mode))
+            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, busy, || {
+                open_raw(mode).map(|(fd, user)| {
+                    user_mode_only = user;
+                    fd
+                })
+            })
         };
         let probe = kept()?;
         let offered = api(&probe, 0).map_err(UffdError::Unsupported)?.features;
@@ -252,7 +269,14 @@ impl Uffd {
         }
         let fd = kept()?;
         let a = api(&fd, want.0).map_err(UffdError::Unsupported)?;
-        Ok(Uffd { fd, features: Features(a.features), ioctls: a.ioctls })
+        Ok(Uffd { fd, features: Features(a.features), ioctls: a.ioctls, user_mode_only })
+    }
+
+    /// Whether this descriptor serves faults from user mode only
+    /// (`UFFD_USER_MODE_ONLY`): a system call that reads or writes a
+    /// registered page not present then fails with EFAULT.
+    pub fn user_mode_only(&self) -> bool {
+        self.user_mode_only
     }
 
     /// The child's userfaultfd from a [`Event::Fork`] of this one. The
@@ -261,14 +285,15 @@ impl Uffd {
     /// the parent's mappings into it: the child's faults come to it from
     /// the moment of fork, whoever holds it.
     pub fn forked(&self, child: zmem_common::fds::KeptFd) -> Uffd {
-        Uffd { fd: child, features: self.features, ioctls: self.ioctls }
+        Uffd { fd: child, features: self.features, ioctls: self.ioctls, user_mode_only: self.user_mode_only }
     }
 
     /// A userfaultfd handed over by another process (a forked child gets
     /// its own from its parent, which read the FORK event), with the
     /// features and ioctls the parent's had.
     pub fn handed_over(fd: OwnedFd, features: Features, ioctls: u64) -> Uffd {
-        Uffd { fd: zmem_common::fds::KeptFd::new(fd), features, ioctls }
+        // The parent's mode is not handed over; it warned, if it had to.
+        Uffd { fd: zmem_common::fds::KeptFd::new(fd), features, ioctls, user_mode_only: false }
     }
 
     /// The features in force (what was asked for; the kernel may add more).
@@ -281,7 +306,7 @@ impl Uffd {
     /// # Errors
     /// As [`Uffd::open`].
     pub fn offered(mode: OpenMode) -> Result<Features, UffdError> {
-        let probe = open_raw(mode)?;
+        let (probe, _) = open_raw(mode)?;
         Ok(Features(api(&probe, 0).map_err(UffdError::Unsupported)?.features))
     }
 

@@ -83,6 +83,8 @@ pub enum Warning {
     /// A process runs unmanaged: a sanitizer's runtime (AddressSanitizer
     /// and its kin) is loaded in it.
     Sanitized = 4,
+    /// A process's userfaultfd serves faults from user mode only.
+    UserModeOnly = 5,
 }
 
 /// A mapped segment.

@@ -562,6 +562,14 @@ impl Pager {
         &self.inner.tier
     }
 
+    /// Whether this pager's userfaultfd serves faults from user mode only
+    /// ([`Uffd::user_mode_only`]): the program's own system calls on an
+    /// evicted page (`read(2)` into it, `write(2)` from it, a futex in it)
+    /// then fail with EFAULT.
+    pub fn user_mode_only(&self) -> bool {
+        self.inner.uffd.user_mode_only()
+    }
+
     /// The name of a pager thread that is gone without returning: the
     /// kernel killed it (a seccomp filter installed with a raw system call,
     /// which the preload shim cannot see, `SECCOMP_RET_KILL_THREAD` for one
