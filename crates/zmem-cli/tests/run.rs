@@ -1192,25 +1192,37 @@ impl Postgres {
             .output()
             .unwrap();
         assert!(o.status.success(), "pg_ctl stop: {}", text(&o));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = self.leader.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "zmem run did not end after the server stopped");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        exit_within(&mut self.leader, 30, || "zmem run did not end after the server stopped".into())
     }
 }
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        if self.leader.try_wait().ok().flatten().is_none() {
-            // SAFETY: signals the process group this test made; kill(2)
-            // touches no memory of ours.
-            unsafe { libc::kill(-(self.leader.id() as i32), libc::SIGKILL) };
-            let _ = self.leader.wait();
+        kill_group_if_running(&mut self.leader);
+    }
+}
+
+/// `child`'s exit status, waited for up to `secs`; past that, fails with
+/// `why`.
+fn exit_within(child: &mut std::process::Child, secs: u64, why: impl Fn() -> String) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
         }
+        assert!(Instant::now() < deadline, "{}", why());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills the process group `child` leads (made with `process_group(0)`)
+/// if it still runs: a server left behind by a failed check.
+fn kill_group_if_running(child: &mut std::process::Child) {
+    if child.try_wait().ok().flatten().is_none() {
+        // SAFETY: signals the process group the test made; kill(2) touches
+        // no memory of ours.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = child.wait();
     }
 }
 
@@ -1383,7 +1395,12 @@ impl Mariadb {
     }
 
     fn log(&self) -> String {
-        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        Self::log_in(&self.dir)
+    }
+
+    /// The server's log and stderr in `dir`, for a failure.
+    fn log_in(dir: &Path) -> String {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
         format!("error.log:\n{}\nstderr:\n{}", read("error.log"), read("stderr.log"))
     }
 
@@ -1394,25 +1411,14 @@ impl Mariadb {
         // SAFETY: signals the server this test started (its pid file);
         // kill(2) touches no memory of ours.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(st) = self.server.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "mariadbd did not stop in 60 s: {}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let dir = self.dir.clone();
+        exit_within(&mut self.server, 60, || format!("mariadbd did not stop in 60 s: {}", Self::log_in(&dir)))
     }
 }
 
 impl Drop for Mariadb {
     fn drop(&mut self) {
-        if self.server.try_wait().ok().flatten().is_none() {
-            // SAFETY: signals the process group this test made; kill(2)
-            // touches no memory of ours.
-            unsafe { libc::kill(-(self.server.id() as i32), libc::SIGKILL) };
-            let _ = self.server.wait();
-        }
+        kill_group_if_running(&mut self.server);
     }
 }
 
