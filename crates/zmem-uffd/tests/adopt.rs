@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use zmem_compress::corpus::Corpus;
 use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig};
+#[path = "common/child.rs"]
+mod child;
 mod common;
 use common::watchdog;
 
@@ -33,9 +35,6 @@ fn gaps() -> std::sync::MutexGuard<'static, ()> {
     GAPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Set in the child process that runs a test [`alone`].
-const ALONE_ENV: &str = "ZMEM_ADOPT_TEST_ALONE";
-
 /// Whether the caller, test `name`, runs its body here: true in the child
 /// process this starts, where it is the only test; false in the parent,
 /// which waits for that child and fails with it. A test that leaves a gap
@@ -44,14 +43,10 @@ const ALONE_ENV: &str = "ZMEM_ADOPT_TEST_ALONE";
 /// pool maps pages too, and once in 8 runs of this binary one took a
 /// 5-page gap before the test could map it again.
 fn alone(name: &str) -> bool {
-    if std::env::var_os(ALONE_ENV).is_some() {
+    if child::in_child() {
         return true;
     }
-    let o = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .env(ALONE_ENV, "1")
-        .output()
-        .unwrap();
+    let o = child::run_child(name);
     let out = format!("stdout: {}\nstderr: {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{name}, alone in a child process: {:?}\n{out}", o.status);
     assert!(out.contains("1 passed"), "{name} did not run in its child process\n{out}");

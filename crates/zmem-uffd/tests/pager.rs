@@ -6,10 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zmem_tier::TierConfig;
+#[path = "common/child.rs"]
+mod child;
 mod common;
 #[path = "common/pages.rs"]
 mod pages;
 
+use child::{in_child, run_child};
 use common::watchdog;
 use pages::{check_page, write_page, WORDS};
 use zmem_uffd::mapping::PAGE_SIZE;
@@ -477,19 +480,6 @@ fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
 }
 
-/// Set in the child process of a test that must die by a signal.
-const CHILD_ENV: &str = "ZMEM_PAGER_TEST_CHILD";
-
-/// Runs test `name` again in a child process (with `CHILD_ENV` set) and
-/// returns its output.
-fn run_child(name: &str) -> std::process::Output {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, "1")
-        .output()
-        .unwrap()
-}
-
 /// Issue 11, finding 4: a page that failed to load read as zeros. Now it is
 /// poisoned (UFFDIO_POISON): the program gets SIGBUS there, and the other
 /// pages of its folio load intact.
@@ -497,7 +487,7 @@ fn run_child(name: &str) -> std::process::Output {
 fn a_corrupt_swap_slot_is_sigbus_never_wrong_data() {
     use std::os::unix::fs::FileExt;
     use std::os::unix::process::ExitStatusExt;
-    if std::env::var_os(CHILD_ENV).is_none() {
+    if !in_child() {
         let _wd = watchdog("poison-parent", 120);
         let o = run_child("a_corrupt_swap_slot_is_sigbus_never_wrong_data");
         let err = String::from_utf8_lossy(&o.stderr);
