@@ -293,11 +293,7 @@ fn init() -> Option<Shim> {
 /// the tree that cannot start a pager (a pyenv shim's 35 bash processes
 /// under `ulimit -v`) has the same reason.
 fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>) {
-    let first = match settings.tree.as_deref().map(zmem_uffd::tree::Tree::open) {
-        Some(Ok(t)) => t.first_warning(w),
-        _ => true,
-    };
-    if first {
+    if first_in_tree(settings, w) {
         log::warn!("{why}. It runs unmanaged (no limit), as will any other process of the tree for this reason");
     }
 }
@@ -308,17 +304,22 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
 /// rather than wait for the load (a `read(2)` into a buffer zmem evicted
 /// returned "Bad address" to Python run as `nobody`).
 fn warn_user_mode_only(settings: &Settings) {
-    let first = match settings.tree.as_deref().map(zmem_uffd::tree::Tree::open) {
-        Some(Ok(t)) => t.first_warning(Warning::UserModeOnly),
-        _ => true,
-    };
-    if first {
+    if first_in_tree(settings, Warning::UserModeOnly) {
         log::warn!(
             "this user may only have userfaultfd for faults from user mode (vm.unprivileged_userfaultfd=0 and no \
              access to /dev/userfaultfd): a system call on an evicted page, such as read(2) into it or write(2) \
              from it, fails with EFAULT (\"Bad address\"). As root, run `sysctl vm.unprivileged_userfaultfd=1` or \
              give this user read-write access to /dev/userfaultfd"
         );
+    }
+}
+
+/// Whether warning `w` is the first of its kind in this process's tree
+/// (always, for a process in no tree, or whose tree's segment is gone).
+fn first_in_tree(settings: &Settings, w: Warning) -> bool {
+    match settings.tree.as_deref().map(zmem_uffd::tree::Tree::open) {
+        Some(Ok(t)) => t.first_warning(w),
+        _ => true,
     }
 }
 

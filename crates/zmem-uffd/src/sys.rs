@@ -274,7 +274,9 @@ impl Uffd {
 
     /// Whether this descriptor serves faults from user mode only
     /// (`UFFD_USER_MODE_ONLY`): a system call that reads or writes a
-    /// registered page not present then fails with EFAULT.
+    /// registered page not present then fails with EFAULT. False for a
+    /// descriptor [`handed_over`](Self::handed_over), whose mode is not
+    /// known here (its parent's pager reported it).
     pub fn user_mode_only(&self) -> bool {
         self.user_mode_only
     }
