@@ -1256,13 +1256,18 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
 
 /// A user the kernel lets have userfaultfd for faults from user mode only
 /// (`vm.unprivileged_userfaultfd=0`, its default, and no access to
-/// `/dev/userfaultfd`): the kernel's own accesses to an evicted page, made
-/// for the program's system calls, fail with EFAULT there rather than wait
-/// for zmem, so the tree is told once, with what to change. Run as
-/// `nobody` from root (skipped otherwise, or where this machine gives
-/// `nobody` more).
+/// `/dev/userfaultfd`): the kernel's own accesses to a page zmem has not
+/// mapped, made for the program's system calls, fail with EFAULT there
+/// rather than wait for zmem. The shim faults the buffers of the C
+/// library's I/O calls in first, so that Python's `read`, `readinto`,
+/// `write`, `send` and `recv_into` on 48 MiB buffers evicted under 16M
+/// move every byte (each phase is checked by digest), and `sort` (stdio's
+/// `fread` into a buffer of 64 MiB) sorts as it does without zmem. The
+/// tree is told once what is left, with what to change. Run as `nobody`
+/// from root (skipped otherwise, or where this machine gives `nobody`
+/// more).
 #[test]
-fn a_user_with_userfaultfd_for_user_mode_only_is_told_what_fails() {
+fn a_user_with_userfaultfd_for_user_mode_only_reads_and_writes_evicted_buffers() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
@@ -1276,27 +1281,68 @@ fn a_user_with_userfaultfd_for_user_mode_only_is_told_what_fails() {
     let dir = tmpdir("user-mode-only");
     let st = Command::new("chmod").arg("777").arg(&dir).status().unwrap();
     assert!(st.success());
-    // 64 MiB written under 16M, then read from a file into its first MiB
-    // (evicted by then): Python gets EFAULT ("Bad address") from read(2).
-    let py = "b = bytearray(64 << 20)\n\
-              for i in range(0, len(b), 4096): b[i] = 1\n\
-              open('f', 'wb').write(b'x' * (1 << 20))\n\
-              try:\n    print('read', open('f', 'rb', buffering=0).readinto(memoryview(b)[: 1 << 20]))\n\
-              except OSError as e:\n    print('read failed:', e.errno)\n";
-    let mut c = Command::new("runuser");
-    c.args(["-u", "nobody", "--"]).arg(env!("CARGO_BIN_EXE_zmem"));
-    c.args(["run", "--limit", "16M", "--swapfile"]).arg(&dir).args(["--", "/usr/bin/python3", "-c", py]);
-    c.current_dir(&dir).env("ZMEM_PRELOAD", preload());
-    let o = output_within(&mut c, 120, "zmem run as nobody");
+    let py = r#"
+import hashlib, random, socket, threading
+N = 48 << 20
+b = bytearray(N)
+r = random.Random(1)
+for i in range(0, N, 4096):
+    b[i:i + 64] = r.randbytes(64)
+h = hashlib.md5(b).hexdigest()
+with open('big', 'wb', buffering=0) as f:
+    for off in range(0, N, 1 << 20):
+        assert f.write(memoryview(b)[off:off + (1 << 20)]) == 1 << 20
+assert hashlib.md5(open('big', 'rb').read()).hexdigest() == h, 'read'
+c = bytearray(N)
+for i in range(0, N, 4096):
+    c[i] = 7
+with open('big', 'rb', buffering=0) as f:
+    got = 0
+    while got < N:
+        n = f.readinto(memoryview(c)[got:got + (3 << 20)])
+        assert n > 0
+        got += n
+assert hashlib.md5(c).hexdigest() == h, 'readinto'
+a, z = socket.socketpair()
+def send():
+    for off in range(0, N, 1 << 20):
+        a.sendall(memoryview(b)[off:off + (1 << 20)])
+t = threading.Thread(target=send)
+t.start()
+got = 0
+while got < N:
+    n = z.recv_into(memoryview(c)[got:], min(1 << 20, N - got))
+    assert n > 0
+    got += n
+t.join()
+assert hashlib.md5(c).hexdigest() == h, 'recv_into'
+print('moved', h)
+"#;
+    let lines: String = (0..200_000u64).map(|i| format!("{:016x}\n", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect();
+    std::fs::write(dir.join("lines"), &lines).unwrap();
+    let mut sorted: Vec<&str> = lines.lines().collect();
+    sorted.sort_unstable();
+    let sorted = sorted.join("\n") + "\n";
+    let zmem_as_nobody = |args: &[&str]| {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(env!("CARGO_BIN_EXE_zmem"));
+        c.args(["run", "--limit", "16M", "--swapfile"]).arg(&dir).arg("--").args(args);
+        c.current_dir(&dir).env("ZMEM_PRELOAD", preload()).env("LC_ALL", "C");
+        output_within(&mut c, 300, "zmem run as nobody")
+    };
+    let o = zmem_as_nobody(&["/usr/bin/python3", "-c", py]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("moved "), "{out}");
     assert_eq!(
         String::from_utf8_lossy(&o.stderr).matches("faults from user mode").count(),
         1,
         "told once, with what to change: {out}"
     );
     assert!(out.contains("vm.unprivileged_userfaultfd=1") && out.contains("/dev/userfaultfd"), "{out}");
-    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+    let o = zmem_as_nobody(&["sort", "-S", "64M", "lines"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout) == sorted, "sort under zmem disagrees: {}", text(&o));
 }
 
 /// A MariaDB server (`mariadbd`), under `zmem run` or as is; killed if a

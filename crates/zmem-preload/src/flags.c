@@ -28,3 +28,12 @@ __attribute__((visibility("hidden"))) unsigned char zmem_flag_thread_kind(void) 
 __attribute__((visibility("hidden"))) void zmem_flag_set_thread_kind(unsigned char v) {
     thread_kind = v;
 }
+
+// The buffer ranges the calling thread's last I/O calls found mapped, each
+// start, end and the pager's epoch then (`uaccess.rs`): 0 as the epoch is
+// no entry.
+static __thread unsigned long long mapped_ranges[4][3] __attribute__((tls_model("initial-exec")));
+
+__attribute__((visibility("hidden"))) unsigned long long *zmem_mapped_ranges(void) {
+    return &mapped_ranges[0][0];
+}

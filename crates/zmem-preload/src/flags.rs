@@ -8,6 +8,7 @@ extern "C" {
     fn zmem_flag_set_in_zmem(v: u8);
     fn zmem_flag_thread_kind() -> u8;
     fn zmem_flag_set_thread_kind(v: u8);
+    fn zmem_mapped_ranges() -> *mut u64;
 }
 
 /// Whether the calling thread runs shim code now (see `guard.rs`).
@@ -36,4 +37,15 @@ pub(crate) fn thread_kind() -> u8 {
 pub(crate) fn set_thread_kind(k: u8) {
     // SAFETY: as `replace_in_zmem`.
     unsafe { zmem_flag_set_thread_kind(k) };
+}
+
+/// Entries of [`mapped_ranges`].
+pub(crate) const MAPPED_RANGES: usize = 4;
+
+/// The calling thread's own table of buffer ranges found mapped:
+/// `MAPPED_RANGES` entries of start, end and epoch (`uaccess.rs`).
+pub(crate) fn mapped_ranges() -> *mut [[u64; 3]; MAPPED_RANGES] {
+    // SAFETY: returns the address of the calling thread's own array in the
+    // static TLS block; nothing else touched.
+    unsafe { zmem_mapped_ranges() }.cast()
 }

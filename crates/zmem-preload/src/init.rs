@@ -207,6 +207,7 @@ static START: extern "C" fn() = start_at_load;
 extern "C" fn start_at_load() {
     guarded(crate::exec::prepare);
     guarded(crate::coredump::resolve);
+    guarded(crate::uaccess::resolve);
     let _ = shim();
 }
 
@@ -300,16 +301,19 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
 
 /// Says, once per tree, that this process's userfaultfd serves faults
 /// from user mode only, and what that breaks: the kernel's own accesses to
-/// an evicted page, made for the program's system calls, fail with EFAULT
-/// rather than wait for the load (a `read(2)` into a buffer zmem evicted
-/// returned "Bad address" to Python run as `nobody`).
+/// a page zmem has not mapped, made for the program's system calls, fail
+/// with EFAULT rather than wait for the load. The shim faults in the
+/// buffers of the C library's I/O calls first (`uaccess.rs`); the rest is
+/// left to that.
 fn warn_user_mode_only(settings: &Settings) {
     if first_in_tree(settings, Warning::UserModeOnly) {
         log::warn!(
             "this user may only have userfaultfd for faults from user mode (vm.unprivileged_userfaultfd=0 and no \
-             access to /dev/userfaultfd): a system call on an evicted page, such as read(2) into it or write(2) \
-             from it, fails with EFAULT (\"Bad address\"). As root, run `sysctl vm.unprivileged_userfaultfd=1` or \
-             give this user read-write access to /dev/userfaultfd"
+             access to /dev/userfaultfd): zmem loads the buffers of the C library's I/O calls (read, write, recv, \
+             send, stdio) before the kernel reaches them, but any other system call on a page zmem evicted (made \
+             with syscall(2), through io_uring, by a statically linked program) fails with EFAULT (\"Bad \
+             address\"). As root, run `sysctl vm.unprivileged_userfaultfd=1` or give this user read-write access \
+             to /dev/userfaultfd"
         );
     }
 }
@@ -448,6 +452,7 @@ fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<S
     };
     if pager.user_mode_only() {
         warn_user_mode_only(&settings);
+        crate::uaccess::activate();
     }
     if let Err(e) = crate::stats::start_thread(settings.stats_dir.clone(), settings.stats_interval) {
         log::warn!("no stats thread: {e}");

@@ -72,6 +72,7 @@ mod sandbox;
 mod stats;
 mod sysmem;
 mod threads;
+mod uaccess;
 
 pub use guard::mark_internal_thread;
 

@@ -1710,3 +1710,81 @@ fn two_parts_of_a_folio_moved_while_it_is_evicted_both_load_where_they_went() {
         }
     });
 }
+
+/// A userfaultfd for faults from user mode only (what a user without
+/// privileges gets on a default kernel): the kernel's own copy into an
+/// evicted page fails, so a pipe's `read(2)` into it returns EFAULT. The
+/// pages `unmapped_run` names are exactly the ones to touch from user mode
+/// first: once they are, the same read lands, and every other byte of the
+/// region is what was written.
+#[test]
+fn where_faults_come_from_user_mode_only_the_unmapped_runs_are_what_a_read_needs_touched() {
+    let _wd = watchdog("user-mode-only", 120);
+    let cfg = PagerConfig { open_mode: zmem_uffd::OpenMode::UserModeOnly, ..PagerConfig::with_limit(8 << 20) };
+    let p = Pager::new(cfg).unwrap();
+    assert!(p.user_mode_only());
+    let r = p.map(32 << 20).unwrap();
+    let (start, end) = (r.addr(), r.addr() + r.len() as u64);
+    assert_eq!(p.unmapped_run(start, end), Some((start, end)), "never touched: all of it");
+    assert_eq!(p.unmapped_run(start + 10, start + 11), Some((start, start + PAGE_SIZE as u64)));
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 5);
+    }
+    let epoch = p.epoch();
+    p.reclaim_now();
+    assert!(p.epoch() > epoch, "evictions move the epoch");
+    // The last page written is resident; the first ones were evicted.
+    let last = end - PAGE_SIZE as u64;
+    assert_eq!(p.unmapped_run(last, end), None);
+    let (a, b) = p.unmapped_run(start, end).expect("evicted pages");
+    assert!(b > a && (b - a) as usize % PAGE_SIZE == 0);
+    assert!(p.unmapped_run(b, end).is_none_or(|(c, _)| c > b), "a run ends at a mapped page");
+
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into fds.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let data: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
+    // SAFETY: a write of data's bytes.
+    assert_eq!(unsafe { libc::write(fds[1], data.as_ptr().cast(), PAGE_SIZE) }, PAGE_SIZE as isize);
+    let read = || {
+        // SAFETY: page `a` of our region, reached only through atomics and
+        // the kernel; the pipe holds one page.
+        let n = unsafe { libc::read(fds[0], a as *mut libc::c_void, PAGE_SIZE) };
+        (n, std::io::Error::last_os_error().raw_os_error())
+    };
+    assert_eq!(read(), (-1, Some(libc::EFAULT)), "the kernel reached an evicted page");
+    // Touched from user mode, as the preload shim does before an I/O call.
+    let mut landed = false;
+    for _ in 0..8 {
+        let mut at = a;
+        while let Some((x, y)) = p.unmapped_run(at, a + PAGE_SIZE as u64) {
+            for pg in (x..y).step_by(PAGE_SIZE) {
+                // SAFETY: a page of our region, mapped readable.
+                unsafe { std::ptr::read_volatile(pg as *const u8) };
+            }
+            at = y;
+        }
+        match read() {
+            (n, _) if n == PAGE_SIZE as isize => {
+                landed = true;
+                break;
+            }
+            // Evicted again between the touch and the read.
+            (-1, Some(libc::EFAULT)) => continue,
+            other => panic!("read: {other:?}"),
+        }
+    }
+    assert!(landed, "the read never landed");
+    for fd in fds {
+        // SAFETY: one of the pipe's descriptors, closed once.
+        unsafe { libc::close(fd) };
+    }
+    let first = ((a - start) as usize) / PAGE_SIZE;
+    let words = &r.words()[first * WORDS..(first + 1) * WORDS];
+    let got: Vec<u8> = words.iter().flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes()).collect();
+    assert_eq!(got, data, "the page the read filled");
+    for pg in (0..pages).filter(|&pg| pg != first) {
+        assert_eq!(check_page(&r, pg, 5), 0, "page {pg}");
+    }
+}

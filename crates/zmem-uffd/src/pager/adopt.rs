@@ -270,6 +270,7 @@ impl Inner {
             return Ok(None);
         }
         let st = self.region_state(addr, len, None, None);
+        st.tail.store(full - len, Ordering::Relaxed);
         let nf = len / fs;
         // Every event already read is in the table first: an mremap or a
         // munmap returns once its event is read, not handled, and a
@@ -289,6 +290,7 @@ impl Inner {
             }
             regions.insert((addr, st.id), Arc::clone(&st));
         }
+        self.unmapping();
         // Registered only once it is in the table: from the registration
         // on, the kernel reports an UNMAP of the range, and the handler
         // must find this region to record the hole. Registered first, an

@@ -101,6 +101,10 @@ pub struct PagerConfig {
     /// (`crate::tree`): the tree's limit replaces `limit`, and this pager
     /// keeps its usage within its share.
     pub tree: Option<std::path::PathBuf>,
+    /// How to open the userfaultfd: `Auto` takes the best this process is
+    /// allowed; `UserModeOnly` is what a user without privileges gets on a
+    /// default kernel (for tests of it).
+    pub open_mode: crate::sys::OpenMode,
     pub tier: TierConfig,
     /// Recompress the pool's idle entries with this (stronger) codec in the
     /// background, as zram's `recompress type=idle` does: while usage is
@@ -222,6 +226,7 @@ impl PagerConfig {
             thread_init: None,
             adopt: None,
             tree: None,
+            open_mode: crate::sys::OpenMode::Auto,
             tier: TierConfig { memory_budget: limit, ..TierConfig::default() },
             recompress: None,
             pool_balance: None,

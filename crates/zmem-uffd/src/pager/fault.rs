@@ -416,6 +416,9 @@ impl Inner {
             // read: from here until `drop_range` is done with it, no COPY
             // may put the old bytes back there (`dropping`).
             let mut drops: VecDeque<Vec<(Arc<RegionState>, u64)>> = VecDeque::new();
+            if events.iter().any(|e| matches!(e, Event::Unmap { .. } | Event::Remove { .. } | Event::Remap { .. })) {
+                self.unmapping();
+            }
             for ev in &events {
                 match *ev {
                     Event::Unmap { start, end } => {

@@ -124,6 +124,7 @@ mod region;
 mod spin;
 mod staging;
 mod stats;
+mod uaccess;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -145,7 +146,7 @@ use stats::Counters;
 pub use stats::{PagerStats, REFAULT_BUCKETS};
 
 use crate::mapping::PAGE_SIZE;
-use crate::sys::{Features, OpenMode, RegisterMode, Uffd, UffdError};
+use crate::sys::{Features, RegisterMode, Uffd, UffdError};
 
 /// A folio's state (one byte per folio in its region's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +188,12 @@ struct Inner {
     stripes: Vec<(Mutex<u32>, Condvar)>,
     lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
     resident: AtomicUsize,
+    /// Bumped before a page the program had mapped may stop being mapped
+    /// (an eviction, a drop or move the program made, a new region): a
+    /// caller that found a range mapped at one epoch knows it still is
+    /// while the epoch has not moved (`uaccess.rs`). Each pager's starts
+    /// at its own base (`EPOCH_BASES`).
+    epoch: AtomicU64,
     /// Pages of Resident folios left in the tier by partial loads
     /// (`RegionState::swapped`): `resident` counts whole folios, and usage
     /// takes these back off.
@@ -422,7 +429,7 @@ impl Pager {
             return Err(ConfigError::invalid("fork_event", "it needs keep_on_fork and one handler thread").into());
         }
         let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
-        let offered = Uffd::offered(OpenMode::Auto)?;
+        let offered = Uffd::offered(cfg.open_mode)?;
         let tracking = cfg.track_writes && offered.contains(Features::WP_ASYNC);
         if tracking {
             want = want | Features::WP_ASYNC;
@@ -451,7 +458,7 @@ impl Pager {
         };
         let (uffd, snapshot) = match handed {
             Some(h) => (h.uffd, Some(h.snapshot)),
-            None => (Uffd::open(OpenMode::Auto, want)?, None),
+            None => (Uffd::open(cfg.open_mode, want)?, None),
         };
         // Loads keep their entries until the folio is mapped: a COPY can fail
         // with EAGAIN (an unread event), and the pages must survive a retry.
@@ -460,6 +467,7 @@ impl Pager {
             stripes: (0..STRIPES).map(|_| (Mutex::new(0), Condvar::new())).collect(),
             lru: Mutex::new(Lru::default()),
             regions: RwLock::new(BTreeMap::new()),
+            epoch: AtomicU64::new(uaccess::epoch_base()),
             resident: AtomicUsize::new(0),
             swapped_pages: AtomicUsize::new(0),
             tables: AtomicUsize::new(0),

@@ -319,6 +319,7 @@ impl Inner {
                 continue;
             }
             st.set_folio(f, Folio::Evicting);
+            self.unmapping();
             self.resident.fetch_sub(1, Ordering::Relaxed);
             // Pages a partial load left in the tier stay there: nothing to
             // move, and their entries are kept.

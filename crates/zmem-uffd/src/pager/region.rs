@@ -1,7 +1,7 @@
 //! Regions: managed memory handed out by [`Pager::map`], and their folio
 //! tables.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use zmem_common::{unpoison, LockExt, RwLockExt};
 
@@ -39,6 +39,10 @@ pub(super) struct RegionState {
     /// from the first MOVE the plain slots refused.
     pub(super) exec: AtomicBool,
     pub(super) len: usize,
+    /// Bytes registered past `len` that belong to no region: an adopted
+    /// mapping's tail shorter than a folio (`adopt.rs`). Faults there are
+    /// stray ones; `uaccess.rs` looks at its pages with mincore.
+    pub(super) tail: AtomicUsize,
     pub(super) state: Box<[AtomicU8]>,
     pub(super) referenced: Box<[AtomicBool]>,
     /// The folio has an entry in the CLOCK queue (at most one, so the hand
@@ -399,6 +403,7 @@ impl Inner {
             moved: Mutex::new(Vec::new()),
             has_holes: AtomicBool::new(false),
             len,
+            tail: AtomicUsize::new(0),
             state: (0..nf).map(|_| AtomicU8::new(Folio::Never as u8)).collect(),
             referenced: (0..nf).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..nf).map(|_| AtomicBool::new(false)).collect(),
@@ -426,6 +431,7 @@ impl Pager {
         }
         let state = self.inner.new_region(addr, len, Some(m))?;
         self.inner.regions.write_ok().insert((addr, state.id), Arc::clone(&state));
+        self.inner.unmapping();
         Ok(Region { state, inner: Arc::clone(&self.inner) })
     }
 }
