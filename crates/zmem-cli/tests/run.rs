@@ -1343,6 +1343,35 @@ print('moved', h)
     let o = zmem_as_nobody(&["sort", "-S", "64M", "lines"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout) == sorted, "sort under zmem disagrees: {}", text(&o));
+
+    // redis-server: its epoll events and its clients' buffers live in
+    // jemalloc's memory (epoll_wait returned EFAULT at start), and 35 MiB
+    // of keys go through read and write under 16M.
+    let base = 20000 + std::process::id() % 20000;
+    let load = ["debug", "populate", "100000", "key", "200"];
+    let ref_dir = tmpdir("user-mode-only-redis-ref");
+    let mut native = start_redis(base + 3, &ref_dir, None);
+    wait_for_redis(base + 3, &mut native);
+    assert_eq!(redis_cli(base + 3, &load), "OK");
+    let want = redis_cli(base + 3, &["debug", "digest"]);
+    redis_cli(base + 3, &["shutdown", "nosave"]);
+    let _ = native.wait();
+    let port = (base + 2).to_string();
+    let mut c = Command::new("runuser");
+    c.args(["-u", "nobody", "--"]).arg(env!("CARGO_BIN_EXE_zmem"));
+    c.args(["run", "--limit", "16M", "--swapfile"]).arg(&dir).args(["--", "redis-server", "--port", &port]);
+    c.args(["--save", "", "--appendonly", "no", "--enable-debug-command", "local", "--dir"]).arg(&dir);
+    c.env("ZMEM_PRELOAD", preload()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut server = c.spawn().expect("redis-server (Debian's; .ci/run installs it)");
+    wait_for_redis(base + 2, &mut server);
+    let r = redis_cli(base + 2, &load);
+    let got = redis_cli(base + 2, &["get", "key:77777"]);
+    let digest = redis_cli(base + 2, &["debug", "digest"]);
+    redis_cli(base + 2, &["shutdown", "nosave"]);
+    let o = server.wait_with_output().unwrap();
+    assert_eq!(r, "OK", "{}", text(&o));
+    assert!(got.starts_with("value:77777"), "{got:?}; {}", text(&o));
+    assert_eq!(digest, want, "the dataset differs from redis-server's as is; {}", text(&o));
 }
 
 /// A MariaDB server (`mariadbd`), under `zmem run` or as is; killed if a

@@ -34,7 +34,12 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use libc::{iovec, mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t, timespec, DIR, FILE};
+use std::mem::size_of;
+
+use libc::{
+    epoll_event, fd_set, iovec, mmsghdr, mode_t, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t, sockaddr, socklen_t,
+    ssize_t, timespec, timeval, DIR, FILE,
+};
 
 use crate::PAGE;
 
@@ -503,6 +508,44 @@ fn messages(each: Each<'_>, m: *const mmsghdr, n: c_uint) {
     }
 }
 
+/// `max` events at `ev` (`epoll_wait`), which the kernel writes.
+fn events(each: Each<'_>, ev: *mut epoll_event, max: c_int) {
+    if max > 0 {
+        each(ev as usize, max as usize * size_of::<epoll_event>());
+    }
+}
+
+/// The three sets of `select` (each may be null).
+fn fd_sets(each: Each<'_>, sets: [*mut fd_set; 3]) {
+    for s in sets {
+        each(s as usize, size_of::<fd_set>());
+    }
+}
+
+/// An address buffer and its length, which the kernel reads and writes
+/// (`accept`, `getsockname`, `getsockopt`).
+fn address(each: Each<'_>, addr: *mut sockaddr, len: *mut socklen_t) {
+    if len.is_null() {
+        return;
+    }
+    each(len as usize, size_of::<socklen_t>());
+    // SAFETY: the caller's length, as the call requires it (above).
+    let n = unsafe { len.read() };
+    each(addr as usize, n as usize);
+}
+
+/// A NUL-terminated string the kernel reads (a path): reading its length
+/// from user mode faults it in already.
+fn c_string(each: Each<'_>, s: *const c_char) {
+    each(s as usize, c_len(s) + 1);
+}
+
+/// A path and the `size` bytes of a `stat` result at `buf`.
+fn stat_of(each: Each<'_>, path: *const c_char, buf: *mut c_void, size: usize) {
+    c_string(each, path);
+    each(buf as usize, size);
+}
+
 /// The start of glibc's `struct _IO_FILE` (`<bits/types/struct_FILE.h>`,
 /// public and stable): the stream's buffer pointers.
 #[repr(C)]
@@ -647,6 +690,76 @@ wrap! { resolve_retried, retried:
     sendmsg(fd: c_int, m: *const msghdr, flags: c_int) -> ssize_t, |each| message(each, m);
     sendmmsg(fd: c_int, m: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int, |each| messages(each, m, n);
     getrandom(buf: *mut c_void, n: size_t, flags: c_uint) -> ssize_t, |each| each(buf as usize, n);
+    epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, ms: c_int) -> c_int, |each| events(each, ev, max);
+    epoll_pwait(ep: c_int, ev: *mut epoll_event, max: c_int, ms: c_int, sig: *const sigset_t) -> c_int,
+        |each| events(each, ev, max);
+    epoll_pwait2(ep: c_int, ev: *mut epoll_event, max: c_int, t: *const timespec, sig: *const sigset_t) -> c_int,
+        |each| events(each, ev, max);
+    poll(fds: *mut pollfd, n: nfds_t, ms: c_int) -> c_int, |each| each(fds as usize, n as usize * size_of::<pollfd>());
+    ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, sig: *const sigset_t) -> c_int,
+        |each| each(fds as usize, n as usize * size_of::<pollfd>());
+    select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int,
+        |each| fd_sets(each, [r, w, e]);
+    pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *const timespec, sig: *const sigset_t)
+        -> c_int, |each| fd_sets(each, [r, w, e]);
+    accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int, |each| address(each, addr, len);
+    accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int,
+        |each| address(each, addr, len);
+    getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int, |each| address(each, addr, len);
+    getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int, |each| address(each, addr, len);
+    getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int,
+        |each| address(each, val.cast(), len);
+    setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int,
+        |each| each(val as usize, len as usize);
+    connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int, |each| each(addr as usize, len as usize);
+    bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int, |each| each(addr as usize, len as usize);
+    pipe(fds: *mut c_int) -> c_int, |each| each(fds as usize, 2 * size_of::<c_int>());
+    pipe2(fds: *mut c_int, flags: c_int) -> c_int, |each| each(fds as usize, 2 * size_of::<c_int>());
+    socketpair(d: c_int, t: c_int, p: c_int, fds: *mut c_int) -> c_int,
+        |each| each(fds as usize, 2 * size_of::<c_int>());
+    stat(path: *const c_char, buf: *mut libc::stat) -> c_int, |each| stat_of(each, path, buf.cast(), size_of::<libc::stat>());
+    lstat(path: *const c_char, buf: *mut libc::stat) -> c_int, |each| stat_of(each, path, buf.cast(), size_of::<libc::stat>());
+    stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int,
+        |each| stat_of(each, path, buf.cast(), size_of::<libc::stat64>());
+    lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int,
+        |each| stat_of(each, path, buf.cast(), size_of::<libc::stat64>());
+    fstat(fd: c_int, buf: *mut libc::stat) -> c_int, |each| each(buf as usize, size_of::<libc::stat>());
+    fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int, |each| each(buf as usize, size_of::<libc::stat64>());
+    fstatat(dir: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int,
+        |each| stat_of(each, path, buf.cast(), size_of::<libc::stat>());
+    fstatat64(dir: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int,
+        |each| stat_of(each, path, buf.cast(), size_of::<libc::stat64>());
+    statx(dir: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int,
+        |each| stat_of(each, path, buf.cast(), size_of::<libc::statx>());
+    access(path: *const c_char, mode: c_int) -> c_int, |each| c_string(each, path);
+    faccessat(dir: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int, |each| c_string(each, path);
+    unlink(path: *const c_char) -> c_int, |each| c_string(each, path);
+    unlinkat(dir: c_int, path: *const c_char, flags: c_int) -> c_int, |each| c_string(each, path);
+    rmdir(path: *const c_char) -> c_int, |each| c_string(each, path);
+    mkdir(path: *const c_char, mode: mode_t) -> c_int, |each| c_string(each, path);
+    mkdirat(dir: c_int, path: *const c_char, mode: mode_t) -> c_int, |each| c_string(each, path);
+    chdir(path: *const c_char) -> c_int, |each| c_string(each, path);
+    rename(from: *const c_char, to: *const c_char) -> c_int, |each| {
+        c_string(each, from);
+        c_string(each, to)
+    };
+    renameat(fd: c_int, from: *const c_char, tfd: c_int, to: *const c_char) -> c_int, |each| {
+        c_string(each, from);
+        c_string(each, to)
+    };
+    readlink(path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t, |each| {
+        c_string(each, path);
+        each(buf as usize, n)
+    };
+    readlinkat(dir: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t, |each| {
+        c_string(each, path);
+        each(buf as usize, n)
+    };
+    waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t,
+        |each| each(status as usize, size_of::<c_int>());
+    uname(buf: *mut libc::utsname) -> c_int, |each| each(buf as usize, size_of::<libc::utsname>());
+    sendfile(out: c_int, from: c_int, off: *mut off_t, n: size_t) -> ssize_t,
+        |each| each(off as usize, size_of::<off_t>());
     getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t, |each| each(buf as usize, n);
 }
 
