@@ -1070,6 +1070,17 @@ fn start_redis(port: u32, dir: &Path, limit: Option<&str>) -> std::process::Chil
         .expect("redis-server (Debian's; .ci/run installs it)")
 }
 
+/// The `DEBUG DIGEST` of a redis-server run as is on `port` after `load`.
+fn digest_as_is(port: u32, load: &[&str]) -> String {
+    let mut native = start_redis(port, &tmpdir(&format!("redis-ref-{port}")), None);
+    wait_for_redis(port, &mut native);
+    assert_eq!(redis_cli(port, load), "OK");
+    let want = redis_cli(port, &["debug", "digest"]);
+    redis_cli(port, &["shutdown", "nosave"]);
+    let _ = native.wait();
+    want
+}
+
 fn redis_cli(port: u32, args: &[&str]) -> String {
     let o = Command::new("redis-cli").args(["-p", &port.to_string()]).args(args).output().expect("redis-cli");
     String::from_utf8_lossy(&o.stdout).trim().to_string()
@@ -1349,13 +1360,7 @@ print('moved', h)
     // of keys go through read and write under 16M.
     let base = 20000 + std::process::id() % 20000;
     let load = ["debug", "populate", "100000", "key", "200"];
-    let ref_dir = tmpdir("user-mode-only-redis-ref");
-    let mut native = start_redis(base + 3, &ref_dir, None);
-    wait_for_redis(base + 3, &mut native);
-    assert_eq!(redis_cli(base + 3, &load), "OK");
-    let want = redis_cli(base + 3, &["debug", "digest"]);
-    redis_cli(base + 3, &["shutdown", "nosave"]);
-    let _ = native.wait();
+    let want = digest_as_is(base + 3, &load);
     let port = (base + 2).to_string();
     let mut c = Command::new("runuser");
     c.args(["-u", "nobody", "--"]).arg(env!("CARGO_BIN_EXE_zmem"));
@@ -1558,13 +1563,7 @@ fn redis_server_on_jemalloc_loads_saves_in_the_background_and_reads_back_its_key
     let base = 20000 + std::process::id() % 20000;
     let load = ["debug", "populate", "200000", "key", "200"];
     // The reference: the same load, as is.
-    let ref_dir = tmpdir("redis-ref");
-    let mut native = start_redis(base + 1, &ref_dir, None);
-    wait_for_redis(base + 1, &mut native);
-    assert_eq!(redis_cli(base + 1, &load), "OK");
-    let want = redis_cli(base + 1, &["debug", "digest"]);
-    redis_cli(base + 1, &["shutdown", "nosave"]);
-    let _ = native.wait();
+    let want = digest_as_is(base + 1, &load);
 
     let dir = tmpdir("redis");
     let port = base;
