@@ -1735,8 +1735,9 @@ fn where_faults_come_from_user_mode_only_the_unmapped_runs_are_what_a_read_needs
     }
     p.reclaim_now();
     assert!(p.epoch() > epoch, "evictions move the epoch");
-    // The last page written is resident; the first ones were evicted.
+    // The last page, read once, is resident; the first ones were evicted.
     let last = end - PAGE_SIZE as u64;
+    assert_eq!(check_page(&r, pages - 1, 5), 0);
     assert_eq!(p.unmapped_run(last, end), None);
     let (a, b) = p.unmapped_run(start, end).expect("evicted pages");
     assert!(b > a && (b - a) as usize % PAGE_SIZE == 0);
