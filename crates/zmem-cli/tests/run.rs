@@ -1327,7 +1327,8 @@ while got < N:
     got += n
 t.join()
 assert hashlib.md5(c).hexdigest() == h, 'recv_into'
-print('moved', h)
+import os
+print('moved', h, os.environ.get('GLIBC_TUNABLES'))
 "#;
     let lines: String = (0..200_000u64).map(|i| format!("{:016x}\n", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect();
     std::fs::write(dir.join("lines"), &lines).unwrap();
@@ -1345,6 +1346,9 @@ print('moved', h)
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("moved "), "{out}");
+    // No rseq area the kernel would write to an evicted page (see
+    // `tunables_for_user_mode_only`).
+    assert!(String::from_utf8_lossy(&o.stdout).trim_end().ends_with("glibc.pthread.rseq=0"), "{out}");
     assert_eq!(
         String::from_utf8_lossy(&o.stderr).matches("faults from user mode").count(),
         1,
