@@ -514,10 +514,7 @@ impl Pager {
             tier,
             cfg,
         });
-        // Staging shares the regions' registration mode: UFFDIO_MOVE needs
-        // both sides to have the same page protection, and WP registration
-        // changes it.
-        let staging = Staging::new(&inner.uffd, inner.register_mode(), inner.cfg.folio_size, inner.cfg.batch_folios())?;
+        let staging = Staging::new(&inner.uffd, inner.cfg.folio_size, inner.cfg.batch_folios())?;
         if let Some(snap) = snapshot {
             // Before any thread: the child's faults wait in the kernel until
             // its pages are where the handler looks for them.

@@ -205,7 +205,7 @@ impl Inner {
                     break;
                 }
                 // Done for now: the stale copies in staging go.
-                let freed = staging.release(&self.uffd, self.register_mode());
+                let freed = staging.release(&self.uffd);
                 self.staging_freed(freed);
             }
             // Idle, or stuck with the pool full (the limit soft: what
@@ -293,7 +293,7 @@ impl Inner {
         let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
         // This pass's slots follow the last one's (see staging.rs).
-        let freed = staging.make_room(&self.uffd, self.register_mode());
+        let freed = staging.make_room(&self.uffd);
         if !self.staging_freed(freed) {
             return pass;
         }
@@ -662,8 +662,8 @@ impl Inner {
         let ppf = fs as usize / PAGE_SIZE;
         let span = fs * k as u64;
         let exec = st.exec.load(Ordering::Relaxed);
-        if !staging.place(&self.uffd, self.register_mode(), slot, k, exec) {
-            staging.place(&self.uffd, self.register_mode(), slot, k, false);
+        if !staging.place(&self.uffd, slot, k, exec) {
+            staging.place(&self.uffd, slot, k, false);
         }
         let mut dst = staging.slot_addr(slot);
         // The slots' home was switched once (see below).
@@ -743,7 +743,7 @@ impl Inner {
                 {
                     switched = true;
                     let other = !staging.is_exec(slot);
-                    if staging.place(&self.uffd, self.register_mode(), slot, k, other) {
+                    if staging.place(&self.uffd, slot, k, other) {
                         st.exec.store(other, Ordering::Relaxed);
                         dst = staging.slot_addr(slot);
                     }
