@@ -1279,14 +1279,7 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
 /// more).
 #[test]
 fn a_user_with_userfaultfd_for_user_mode_only_reads_and_writes_evicted_buffers() {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
-    let dev_open = std::fs::metadata("/dev/userfaultfd")
-        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 != 0)
-        .unwrap_or(false);
-    if !root || sysctl.trim() != "0" || dev_open {
-        eprintln!("skipped: needs root, vm.unprivileged_userfaultfd=0 and /dev/userfaultfd closed to others");
+    if !nobody_gets_user_mode_only() {
         return;
     }
     let dir = tmpdir("user-mode-only");
@@ -1381,6 +1374,80 @@ print('moved', h, os.environ.get('GLIBC_TUNABLES'))
     assert_eq!(r, "OK", "{}", text(&o));
     assert!(got.starts_with("value:77777"), "{got:?}; {}", text(&o));
     assert_eq!(digest, want, "the dataset differs from redis-server's as is; {}", text(&o));
+}
+
+/// Whether this test may run programs as `nobody` (it runs as root) and
+/// `nobody` gets a userfaultfd for faults from user mode only (the
+/// kernel's defaults: `vm.unprivileged_userfaultfd=0`, `/dev/userfaultfd`
+/// root's). Says why where not.
+fn nobody_gets_user_mode_only() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    let dev_open = std::fs::metadata("/dev/userfaultfd")
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 != 0)
+        .unwrap_or(false);
+    let ok = root && sysctl.trim() == "0" && !dev_open;
+    if !ok {
+        eprintln!("skipped: needs root, vm.unprivileged_userfaultfd=0 and /dev/userfaultfd closed to others");
+    }
+    ok
+}
+
+/// A tree started by root whose program drops its privileges before it
+/// execs (`runuser`, as init scripts start servers): the program then gets
+/// user mode only, and the exec gives it `glibc.pthread.rseq=0` (see
+/// `zmem-preload/src/exec.rs`), added to the tunables it has and never
+/// over what it says of rseq itself. A program that keeps root gets none.
+#[test]
+fn a_program_that_drops_root_before_it_execs_gets_glibcs_rseq_off() {
+    if !nobody_gets_user_mode_only() {
+        return;
+    }
+    let dir = tmpdir("rseq-after-runuser");
+    let st = Command::new("chmod").arg("777").arg(&dir).status().unwrap();
+    assert!(st.success());
+    let d = dir.to_str().unwrap();
+    let py = "import os; print(os.environ.get('GLIBC_TUNABLES'))";
+    let cases: [(&[&str], &str); 4] = [
+        (&["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", py], "glibc.pthread.rseq=0"),
+        (&["/usr/bin/python3", "-c", py], "None"),
+        (
+            &[
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "env",
+                "GLIBC_TUNABLES=glibc.malloc.arena_max=2",
+                "/usr/bin/python3",
+                "-c",
+                py,
+            ],
+            "glibc.malloc.arena_max=2:glibc.pthread.rseq=0",
+        ),
+        (
+            &[
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "env",
+                "-i",
+                "GLIBC_TUNABLES=glibc.pthread.rseq=1",
+                "/usr/bin/python3",
+                "-c",
+                py,
+            ],
+            "glibc.pthread.rseq=1",
+        ),
+    ];
+    for (cmd, want) in cases {
+        let args: Vec<&str> = ["run", "--limit", "64M", "--swapfile", d, "--"].iter().chain(cmd).copied().collect();
+        let o = zmem_in(&dir, &args, &[], 60);
+        assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), want, "{cmd:?}: {}", text(&o));
+    }
 }
 
 /// A MariaDB server (`mariadbd`), under `zmem run` or as is; killed if a

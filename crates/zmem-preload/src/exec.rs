@@ -17,6 +17,16 @@
 //! lacks; what the program set itself is kept. `ZMEM_DISABLE=1` in the new
 //! environment is the program's way out: then nothing changes.
 //!
+//! Where a userfaultfd made here now would serve faults from user mode
+//! only ([`user_mode_only_here`], asked at each exec: a program may have
+//! dropped its privileges since it started, as `runuser` does before it
+//! runs a server), the new environment also gets `glibc.pthread.rseq=0` in
+//! `GLIBC_TUNABLES`, unless it says something of rseq itself. The kernel
+//! writes a thread's rseq area (in its TLS, at the top of its stack) on
+//! every return to user space, and under user mode only that write to an
+//! evicted page is a SIGSEGV (`zmem run` sets the same for itself, see its
+//! `tunables_for_user_mode_only`).
+//!
 //! Not covered: `execl`, `execle` and `execlp` are C-variadic (Rust cannot
 //! define them), and glibc's `system`, `popen` and `execl*` call its
 //! internal `__execve`. All but `execle` pass the program's own `environ`,
@@ -26,7 +36,7 @@
 //! `execve` on memory it shares with its parent, whose other threads run
 //! on: nothing here allocates, takes a lock or touches a lazily set
 //! thread-local. The new environment is built on the stack (or, past
-//! [`STACK_VARS`] variables or [`STACK_BYTES`] of `LD_PRELOAD`, in a
+//! [`STACK_VARS`] variables or [`STACK_BYTES`] of new values, in a
 //! mapping made with the raw system call, never freed if the exec
 //! succeeds); what it adds was prepared when the library was loaded
 //! ([`prepare`]).
@@ -62,7 +72,8 @@ static CARRY: OnceLock<Carry> = OnceLock::new();
 /// Pointers the new environment may have on the stack (it needs one more
 /// than its variables).
 const STACK_VARS: usize = 512;
-/// Bytes of `LD_PRELOAD=...` the stack holds.
+/// Bytes of new values (`LD_PRELOAD=...`, `GLIBC_TUNABLES=...`) the stack
+/// holds.
 const STACK_BYTES: usize = 4096;
 
 /// Prepares the wrappers: called as the library is loaded, guarded (so
@@ -132,6 +143,41 @@ fn carry() -> Option<&'static Carry> {
     CARRY.get()
 }
 
+/// `GLIBC_TUNABLES=` and the tunable that turns glibc's rseq off.
+const TUNABLES: &[u8] = b"GLIBC_TUNABLES=";
+const RSEQ_OFF: &CStr = c"GLIBC_TUNABLES=glibc.pthread.rseq=0";
+/// userfaultfd(2)'s flag for a descriptor that serves user-mode faults
+/// only (the kernel's `include/uapi/linux/userfaultfd.h`).
+const UFFD_USER_MODE_ONLY: c_int = 1;
+
+/// Whether a userfaultfd made here now, with the credentials this thread
+/// has now, would serve faults from user mode only: what
+/// `zmem_uffd::Uffd::open(OpenMode::Auto)` would pick (the system call,
+/// then `/dev/userfaultfd`, then `UFFD_USER_MODE_ONLY`). Raw system calls
+/// only, each descriptor closed at once: it may run in a vfork child.
+fn user_mode_only_here() -> bool {
+    let opened = |r: libc::c_long| {
+        if r >= 0 {
+            // SAFETY: closing the descriptor just made here.
+            unsafe { libc::syscall(libc::SYS_close, r) };
+        }
+        r >= 0
+    };
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: userfaultfd(2) makes a descriptor or fails; nothing else.
+    if opened(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) }) {
+        return false;
+    }
+    let dev = c"/dev/userfaultfd";
+    // SAFETY: openat(2) of a NUL-terminated path; nothing else.
+    if opened(unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })
+    {
+        return false;
+    }
+    // SAFETY: as the first call.
+    opened(unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) })
+}
+
 /// The name part of `KEY=value` (all of it where there is no `=`).
 fn name(var: &[u8]) -> &[u8] {
     var.iter().position(|&b| b == b'=').map_or(var, |i| &var[..i])
@@ -197,6 +243,7 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     // our variables (bit i: c.vars[i], up to 64 of them) it sets.
     let mut n = 0;
     let mut preload_at = None;
+    let mut tunables_at = None;
     let mut has = 0u64;
     loop {
         // SAFETY: `envp` is null-terminated (the caller's contract), and
@@ -215,6 +262,9 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
         }
         if key == b"LD_PRELOAD" {
             preload_at = Some(n);
+        }
+        if key == &TUNABLES[..TUNABLES.len() - 1] {
+            tunables_at = Some(n);
         }
         if key.starts_with(b"ZMEM_") {
             for (i, v) in c.vars.iter().enumerate().take(64) {
@@ -236,30 +286,46 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     });
     let shim = c.shim.as_bytes();
     let preload_ok = old_preload.is_some_and(|v| v.split(|&b| b == b' ' || b == b':').any(|t| t == shim));
-    if preload_ok && missing == 0 {
+    let old_tunables = tunables_at.map(|i| {
+        // SAFETY: i < n, an entry of `envp`.
+        let p = unsafe { *envp.wrapping_add(i) };
+        // SAFETY: each entry is a NUL-terminated string.
+        let v = unsafe { bytes(p) };
+        &v[TUNABLES.len().min(v.len())..]
+    });
+    // What the environment says of rseq stands; else it goes off where
+    // this process's userfaultfd would be for user mode only.
+    let rseq_said = old_tunables.is_some_and(|v| v.split(|&b| b == b':').any(|t| name(t) == b"glibc.pthread.rseq"));
+    let rseq_off = !rseq_said && user_mode_only_here();
+    if preload_ok && missing == 0 && !rseq_off {
         return f(envp);
     }
-    let added = missing + usize::from(preload_at.is_none());
+    let added = missing + usize::from(preload_at.is_none()) + usize::from(rseq_off && tunables_at.is_none());
     let slots = n + added + 1;
     // The new LD_PRELOAD value: "LD_PRELOAD=" shim " " old, NUL.
-    let preload_len = old_preload.map_or(0, |v| c.preload.as_bytes().len() + 1 + v.len() + 1);
+    let preload_len = old_preload.filter(|_| !preload_ok).map_or(0, |v| c.preload.as_bytes().len() + 1 + v.len() + 1);
+    // The new GLIBC_TUNABLES value: the old one, ":", the tunable, NUL.
+    let rseq = &RSEQ_OFF.to_bytes()[TUNABLES.len()..];
+    let tunables_len = old_tunables.filter(|_| rseq_off).map_or(0, |v| TUNABLES.len() + v.len() + 1 + rseq.len() + 1);
+    let text_len = preload_len + tunables_len;
     let mut stack_ptrs = [std::ptr::null::<c_char>(); STACK_VARS];
     let mut stack_bytes = [0u8; STACK_BYTES];
     let spill;
-    let (ptrs, text): (&mut [*const c_char], &mut [u8]) = if slots <= STACK_VARS && preload_len <= STACK_BYTES {
+    let (ptrs, text): (&mut [*const c_char], &mut [u8]) = if slots <= STACK_VARS && text_len <= STACK_BYTES {
         (&mut stack_ptrs[..], &mut stack_bytes[..])
     } else {
         let ptr_bytes = slots * std::mem::size_of::<*const c_char>();
-        let Some(s) = Spill::new(ptr_bytes + preload_len) else { return f(envp) };
+        let Some(s) = Spill::new(ptr_bytes + text_len) else { return f(envp) };
         spill = s;
         let text = spill.addr.cast::<u8>().wrapping_add(ptr_bytes);
         // SAFETY: the mapping is fresh, readable and writable, page-aligned
-        // (so aligned for pointers) and `ptr_bytes + preload_len` long; the
+        // (so aligned for pointers) and `ptr_bytes + text_len` long; the
         // two slices do not overlap and live no longer than `spill`.
         let ptrs = unsafe { std::slice::from_raw_parts_mut(spill.addr.cast::<*const c_char>(), slots) };
         // SAFETY: as above, the mapping's bytes after the pointers.
-        (ptrs, unsafe { std::slice::from_raw_parts_mut(text, preload_len) })
+        (ptrs, unsafe { std::slice::from_raw_parts_mut(text, text_len) })
     };
+    let (text, tunables_text) = text.split_at_mut(preload_len);
     for (i, p) in ptrs.iter_mut().enumerate().take(n) {
         // SAFETY: i < n, an entry of `envp`.
         *p = unsafe { *envp.wrapping_add(i) };
@@ -288,6 +354,28 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
         if has >> i & 1 == 0 {
             ptrs[k] = v.as_ptr();
             k += 1;
+        }
+    }
+    if rseq_off {
+        match (tunables_at, old_tunables) {
+            (Some(i), Some(old)) => {
+                let t = tunables_text;
+                t[..TUNABLES.len()].copy_from_slice(TUNABLES);
+                let mut at = TUNABLES.len();
+                t[at..at + old.len()].copy_from_slice(old);
+                at += old.len();
+                if !old.is_empty() {
+                    t[at] = b':';
+                    at += 1;
+                }
+                t[at..at + rseq.len()].copy_from_slice(rseq);
+                t[at + rseq.len()] = 0;
+                ptrs[i] = t.as_ptr().cast();
+            }
+            _ => {
+                ptrs[k] = RSEQ_OFF.as_ptr();
+                k += 1;
+            }
         }
     }
     ptrs[k] = std::ptr::null();
