@@ -83,6 +83,7 @@ fn fault_in_every(p: usize, n: usize) -> bool {
     touch(p, n, true)
 }
 
+/// [`fault_in`] (`every` false) or [`fault_in_every`] (true).
 fn touch(p: usize, n: usize, every: bool) -> bool {
     if p == 0 || n == 0 || !crate::init::is_shim_process() {
         return false;
@@ -150,18 +151,11 @@ fn remember(start: u64, end: u64, epoch: u64) {
 /// Where a call's buffers lie: it calls `each(address, length)` for each.
 type Each<'a> = &'a mut dyn FnMut(usize, usize);
 
-/// Faults in every buffer `ranges` names; returns whether any page was.
-fn fault_in_all(ranges: &impl Fn(Each<'_>)) -> bool {
+/// Faults in every buffer `ranges` names, as [`touch`] does one (`every`:
+/// each managed page, after EFAULT); returns whether any page was.
+fn touch_all(ranges: &impl Fn(Each<'_>), every: bool) -> bool {
     let mut any = false;
-    ranges(&mut |p, n| any |= fault_in(p, n));
-    any
-}
-
-/// Faults in every managed page of every buffer `ranges` names (after
-/// EFAULT); returns whether there were any.
-fn fault_in_every_all(ranges: &impl Fn(Each<'_>)) -> bool {
-    let mut any = false;
-    ranges(&mut |p, n| any |= fault_in_every(p, n));
+    ranges(&mut |p, n| any |= touch(p, n, every));
     any
 }
 
@@ -192,13 +186,13 @@ fn retried<R: Ret>(ranges: impl Fn(Each<'_>), call: impl Fn() -> R) -> R {
     if !active() {
         return call();
     }
-    fault_in_all(&ranges);
+    touch_all(&ranges, false);
     let mut r = call();
     for _ in 0..RETRIES {
         if !r.failed() || errno() != libc::EFAULT {
             break;
         }
-        if !fault_in_every_all(&ranges) {
+        if !touch_all(&ranges, true) {
             crate::init::set_errno(libc::EFAULT);
             break;
         }
@@ -212,7 +206,7 @@ fn retried<R: Ret>(ranges: impl Fn(Each<'_>), call: impl Fn() -> R) -> R {
 fn prepared<R>(ranges: impl Fn(Each<'_>), call: impl FnOnce() -> R) -> R {
     if active() {
         let e = errno();
-        fault_in_all(&ranges);
+        touch_all(&ranges, false);
         crate::init::set_errno(e);
     }
     call()
