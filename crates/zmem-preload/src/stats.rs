@@ -133,6 +133,9 @@ fn write_ready(s: &Shim, named: Option<&Path>, pid: u32, ready: &mut Option<(u32
         }
         match prepare(named, euid, pid) {
             Ok(d) => *ready = Some((euid, d)),
+            // The program changed its user meanwhile: the next write
+            // prepares the new user's directory.
+            Err(_) if self::euid() != euid => return Next::Again,
             Err(e) => {
                 log::warn!("no stats file: {e}");
                 return Next::NoMore;
@@ -144,6 +147,11 @@ fn write_ready(s: &Shim, named: Option<&Path>, pid: u32, ready: &mut Option<(u32
     warn_shared_once(mem.shmem, s.settings.limit);
     let json = stats_json_with(s, mem);
     if let Err(e) = stats_files::write(dir, pid, &json) {
+        if self::euid() != euid {
+            // As above: `runuser` dropped root between the look at its
+            // user and this write, and said "Permission denied" here.
+            return Next::Again;
+        }
         log::warn!("stats file {}: {e}; no more stats", stats_files::path(dir, pid).display());
         return Next::NoMore;
     }
