@@ -323,7 +323,7 @@ fn parse_rollup(t: &str) -> Option<Pss> {
 /// difference between the kernel's peak footprint and zmem's at `limit`
 /// (what zmem holds outside its limit, its binary and the shim, stays the
 /// same), in whole MiB and at least the smallest limit `zmem run` takes.
-fn equal_footprint_limit(limit: u64, zmem_footprint: u64, kernel_footprint: u64) -> u64 {
+pub(crate) fn equal_footprint_limit(limit: u64, zmem_footprint: u64, kernel_footprint: u64) -> u64 {
     let l = (limit + kernel_footprint).saturating_sub(zmem_footprint);
     (l >> 20 << 20).max(zmem_settings::Settings::MIN_LIMIT as u64)
 }

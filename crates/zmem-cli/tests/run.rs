@@ -2401,6 +2401,73 @@ fn compare_runs_a_program_four_ways_and_restores_the_machine() {
     assert_eq!(std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap(), page_cluster_before);
 }
 
+/// `zmem usemem` (README's first command), small: zmem, the kernel's zswap
+/// and no limit, every page read back as written, the ratios against the
+/// run's kernel and `none` in the JSON, then (`--equal-footprint`) zmem
+/// again with its limit moved by the two footprints' difference; the
+/// machine left as it was.
+#[test]
+fn usemem_reads_back_every_page_and_compares_at_the_kernels_footprint() {
+    let _one = kernel_runs();
+    let zswap_before = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok();
+    let dir = tmpdir("usemem");
+    let json = dir.join("u.json");
+    let o = zmem(
+        &[
+            "usemem",
+            "--quiet",
+            "--workers",
+            "2",
+            "--size",
+            "48M",
+            "--limit",
+            "48M",
+            "--sleep-ms",
+            "10",
+            "--config",
+            "zmem:lz4,kernel:lzo,none",
+            "--equal-footprint",
+            "--swap-dir",
+            dir.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+            "--svg",
+            dir.join("u.svg").to_str().unwrap(),
+        ],
+        &[],
+        300,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = rows.as_array().expect("one row per run");
+    let f = |i: usize, k: &str| rows[i][k].as_f64().unwrap_or_else(|| panic!("{k} of {}", rows[i]));
+    let fp = |i: usize| rows[i]["peak_footprint_bytes"].as_u64().unwrap();
+    let matched = (((48u64 << 20) + fp(1)).saturating_sub(fp(0)) >> 20).max(16);
+    let names: Vec<&str> = rows.iter().map(|r| r["config"].as_str().unwrap()).collect();
+    assert_eq!(names, ["zmem:lz4", "kernel:lzo", "none", &format!("zmem:lz4/{matched}M")], "{}", text(&o));
+    assert_eq!(rows[3]["limit"].as_u64(), Some(matched << 20));
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["mismatched_pages"].as_u64(), Some(0), "{r}");
+        assert!(f(i, "elapsed_secs") > 0.0 && fp(i) > 0, "{r}");
+        // Each ratio is against the baselines of this run.
+        let vs_kernel = f(i, "total_kbps") / f(1, "total_kbps");
+        assert!((f(i, "vs_kernel") - vs_kernel).abs() < 1e-9, "{r}");
+        let vs_none = f(i, "elapsed_secs") / f(2, "elapsed_secs");
+        assert!((f(i, "elapsed_vs_none") - vs_none).abs() < 1e-9, "{r}");
+    }
+    // 96 MiB through a 48M limit: zmem stored pages and loaded them back.
+    for i in [0, 3] {
+        assert!(rows[i]["zswpout"].as_u64().unwrap() > 0 && rows[i]["zswpin"].as_u64().unwrap() > 0, "{}", rows[i]);
+    }
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("vs kernel:lzo") && out.contains("total "), "{out}");
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup/memory").unwrap();
+    assert!(!cgroups.flatten().any(|e| e.file_name().to_string_lossy().starts_with("zmem-usemem-")));
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+    assert!(!swaps.contains("zmem-usemem-"), "{swaps}");
+    assert_eq!(std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok(), zswap_before);
+}
+
 /// This binary's tests that make kernel runs, one at a time: each reads
 /// the machine's settings before its run to check that they are restored,
 /// and another's run in between has them changed. (`zmem` itself runs one

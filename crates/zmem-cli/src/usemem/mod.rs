@@ -75,6 +75,13 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// After the runs, each zmem configuration again at the kernel's
+    /// footprint: its limit moved by the difference between the kernel's
+    /// peak footprint and its own (as `zmem compare --equal-footprint`).
+    /// zmem's limit holds its pool; cgroup v1 does not charge zswap's, so
+    /// at one limit the kernel holds more memory. Needs a kernel config.
+    #[arg(long)]
+    equal_footprint: bool,
 }
 
 /// One configuration to run.
@@ -321,6 +328,8 @@ fn run_one(
         },
         pool_ratio,
         mismatched_pages: done.iter().map(|r| r.mismatched_pages).sum(),
+        vs_kernel: None,
+        elapsed_vs_none: None,
     })
 }
 
@@ -380,6 +389,29 @@ pub fn run(args: &Args) -> Result<()> {
         }
         reports.push(r);
     }
+    if args.equal_footprint {
+        let kernel = reports.iter().find(|r| r.config.starts_with("kernel")).map(|k| k.peak_footprint_bytes);
+        let Some(kernel) = kernel else {
+            bail!("--equal-footprint needs a kernel configuration that ran (it measures the kernel's footprint)");
+        };
+        let zmem: Vec<(&Config, u64)> = configs
+            .iter()
+            .zip(&reports)
+            .filter(|(c, _)| matches!(c, Config::Zmem { .. }))
+            .map(|(c, r)| (c, r.peak_footprint_bytes))
+            .collect();
+        for (cfg, footprint) in zmem {
+            let matched = crate::compare::equal_footprint_limit(limit as u64, footprint, kernel) as usize;
+            let mut r = run_one(args, cfg, matched, &stop, None)
+                .with_context(|| format!("configuration {} at {} MiB", cfg.name(), matched >> 20))?;
+            if r.mismatched_pages > 0 {
+                bail!("{}: {} pages read back wrong", r.config, r.mismatched_pages);
+            }
+            r.config = format!("{}/{}M", r.config, matched >> 20);
+            reports.push(r);
+        }
+    }
+    report::compare_with_baselines(&mut reports);
     print_table(&reports)?;
     std::fs::write(&args.json, serde_json::to_string_pretty(&reports)?)
         .with_context(|| format!("write {}", args.json.display()))?;

@@ -42,6 +42,23 @@ pub(super) struct RunReport {
     /// kernel, the cgroup's max_usage_in_bytes plus zswap's pool, which
     /// cgroup v1 does not charge; for none, peak RSS.
     pub(super) peak_footprint_bytes: u64,
+    /// Total throughput over the kernel config's of the same run (the
+    /// first `kernel:*`), where there was one.
+    pub(super) vs_kernel: Option<f64>,
+    /// Elapsed time over the `none` config's of the same run, where there
+    /// was one.
+    pub(super) elapsed_vs_none: Option<f64>,
+}
+
+/// Fills each report's ratios against the run's baselines: the first
+/// kernel config (throughput) and `none` (elapsed).
+pub(super) fn compare_with_baselines(reports: &mut [RunReport]) {
+    let kernel = reports.iter().find(|r| r.config.starts_with("kernel")).map(|r| r.total_kbps);
+    let none = reports.iter().find(|r| r.config == "none").map(|r| r.elapsed_secs);
+    for r in reports {
+        r.vs_kernel = kernel.filter(|&k| k > 0.0).map(|k| r.total_kbps / k);
+        r.elapsed_vs_none = none.filter(|&n| n > 0.0).map(|n| r.elapsed_secs / n);
+    }
 }
 
 pub(super) fn print_table(reports: &[RunReport]) -> Result<()> {
@@ -49,7 +66,7 @@ pub(super) fn print_table(reports: &[RunReport]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<14} {:>8} {:>9} {:>9} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
+        "{:<16} {:>8} {:>9} {:>9} {:>11} {:>11} {:>7} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
         "config",
         "elapsed",
         "write MB/s",
@@ -67,7 +84,8 @@ pub(super) fn print_table(reports: &[RunReport]) -> Result<()> {
     for r in reports {
         let vs = base.map_or(String::new(), |b| {
             format!(
-                "write {:.2}x, read {:.2}x, elapsed {:.2}x",
+                "total {:.2}x (write {:.2}x, read {:.2}x), elapsed {:.2}x",
+                r.total_kbps / b.total_kbps,
                 r.write_mbps / b.write_mbps,
                 r.read_mbps / b.read_mbps,
                 r.elapsed_secs / b.elapsed_secs
@@ -75,7 +93,7 @@ pub(super) fn print_table(reports: &[RunReport]) -> Result<()> {
         });
         writeln!(
             out,
-            "{:<14} {:>7.2}s {:>10.0} {:>9.0} {:>11.0} {:>11.0} {:>7.2} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
+            "{:<16} {:>7.2}s {:>10.0} {:>9.0} {:>11.0} {:>11.0} {:>7.2} {:>9} {:>9} {:>7} {:>6} {:>10}  {}",
             r.config,
             r.elapsed_secs,
             r.write_mbps,
