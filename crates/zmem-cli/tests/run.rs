@@ -54,6 +54,14 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// [`tmpdir`], writable by every user (the tests that run as `nobody`).
+fn tmpdir_for_all(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmpdir(name);
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    d
+}
+
 /// Runs `zmem ARGS` with `env`, killing it after `secs` (a hang fails),
 /// with every process it started: a hung program left behind would load a
 /// core for the tests that follow.
@@ -1282,9 +1290,7 @@ fn a_user_with_userfaultfd_for_user_mode_only_reads_and_writes_evicted_buffers()
     if !nobody_gets_user_mode_only() {
         return;
     }
-    let dir = tmpdir("user-mode-only");
-    let st = Command::new("chmod").arg("777").arg(&dir).status().unwrap();
-    assert!(st.success());
+    let dir = tmpdir_for_all("user-mode-only");
     let py = r#"
 import hashlib, random, socket, threading
 N = 48 << 20
@@ -1404,9 +1410,7 @@ fn a_program_that_drops_root_before_it_execs_gets_glibcs_rseq_off() {
     if !nobody_gets_user_mode_only() {
         return;
     }
-    let dir = tmpdir("rseq-after-runuser");
-    let st = Command::new("chmod").arg("777").arg(&dir).status().unwrap();
-    assert!(st.success());
+    let dir = tmpdir_for_all("rseq-after-runuser");
     let d = dir.to_str().unwrap();
     let py = "import os; print(os.environ.get('GLIBC_TUNABLES'))";
     let cases: [(&[&str], &str); 4] = [
