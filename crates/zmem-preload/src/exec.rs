@@ -155,7 +155,13 @@ const UFFD_USER_MODE_ONLY: c_int = 1;
 /// `zmem_uffd::Uffd::open(OpenMode::Auto)` would pick (the system call,
 /// then `/dev/userfaultfd`, then `UFFD_USER_MODE_ONLY`). Raw system calls
 /// only, each descriptor closed at once: it may run in a vfork child.
+/// Not asked under a seccomp filter ([`under_seccomp_filter`]): one that
+/// kills at `userfaultfd` would kill the program at its exec (bubblewrap's
+/// `--seccomp`, which installs the filter just before it execs).
 fn user_mode_only_here() -> bool {
+    if under_seccomp_filter() {
+        return false;
+    }
     let opened = |r: libc::c_long| {
         if r >= 0 {
             // SAFETY: closing the descriptor just made here.
@@ -176,6 +182,40 @@ fn user_mode_only_here() -> bool {
     }
     // SAFETY: as the first call.
     opened(unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) })
+}
+
+/// Whether this thread runs under a seccomp filter (`Seccomp:` 2 in
+/// `/proc/thread-self/status`), or that cannot be read. Raw system calls
+/// and a buffer on the stack, as [`user_mode_only_here`].
+fn under_seccomp_filter() -> bool {
+    let path = c"/proc/thread-self/status";
+    // SAFETY: openat(2) of a NUL-terminated path; nothing else.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return true;
+    }
+    let mut buf = [0u8; 8192];
+    let mut len = 0;
+    while len < buf.len() {
+        let rest = &mut buf[len..];
+        // SAFETY: read(2) into the unfilled rest of our buffer.
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, rest.as_mut_ptr(), rest.len()) };
+        if n <= 0 {
+            break;
+        }
+        len += n as usize;
+    }
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    let text = &buf[..len];
+    let key = b"\nSeccomp:";
+    match text.windows(key.len()).position(|w| w == key) {
+        Some(i) => text[i + key.len()..].iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'0'),
+        // A kernel without seccomp says nothing of it; an unread file, or one
+        // cut short, may be one with a filter.
+        None => len == 0 || len == buf.len(),
+    }
 }
 
 /// The name part of `KEY=value` (all of it where there is no `=`).
