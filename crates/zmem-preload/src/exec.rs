@@ -317,22 +317,18 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     }
     let missing = c.vars.iter().enumerate().take(64).filter(|(i, _)| has >> i & 1 == 0).count();
     // LD_PRELOAD's value lacks the shim: a new value, the shim first.
-    let old_preload = preload_at.map(|i| {
+    // The value of entry `i` (an index below `n`), its `KEY=` skipped.
+    let value = |i: usize, key_eq: &[u8]| {
         // SAFETY: i < n, an entry of `envp`.
         let p = unsafe { *envp.wrapping_add(i) };
         // SAFETY: each entry is a NUL-terminated string.
         let v = unsafe { bytes(p) };
-        &v[b"LD_PRELOAD=".len().min(v.len())..]
-    });
+        &v[key_eq.len().min(v.len())..]
+    };
+    let old_preload = preload_at.map(|i| value(i, b"LD_PRELOAD="));
     let shim = c.shim.as_bytes();
     let preload_ok = old_preload.is_some_and(|v| v.split(|&b| b == b' ' || b == b':').any(|t| t == shim));
-    let old_tunables = tunables_at.map(|i| {
-        // SAFETY: i < n, an entry of `envp`.
-        let p = unsafe { *envp.wrapping_add(i) };
-        // SAFETY: each entry is a NUL-terminated string.
-        let v = unsafe { bytes(p) };
-        &v[TUNABLES.len().min(v.len())..]
-    });
+    let old_tunables = tunables_at.map(|i| value(i, TUNABLES));
     // What the environment says of rseq stands; else it goes off where
     // this process's userfaultfd would be for user mode only.
     let rseq_said = old_tunables.is_some_and(|v| v.split(|&b| b == b':').any(|t| name(t) == b"glibc.pthread.rseq"));
