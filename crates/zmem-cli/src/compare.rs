@@ -21,6 +21,14 @@
 //! join then paged through the limit in 65 s against the kernel's 9.0 s;
 //! with it, 6.9 s.
 //!
+//! With `--swap` the kernel runs the program once more with zswap off (the
+//! `swap` row, and a `vs swap` ratio for every run): a baseline where the
+//! cgroup's OOM killer ends zswap's run. Under cgroup v1 here, four of five
+//! zswap runs of `scripts/redis-digest 1000000 100` (a 182 MiB dataset), at
+//! limits from 48M to 128M and with `vm.page-cluster` 0 or 3, were killed
+//! in 1-4 s, in the charge of a swap-in; plain swap finished under 128M in
+//! 40-44 s.
+//!
 //! With `--equal-footprint` a fourth run follows the kernel's: zmem again,
 //! with its limit moved by the difference between the two footprints, so
 //! that it has the memory the kernel took. Equal limits are not equal
@@ -79,8 +87,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10))]
     page_cluster: u32,
     /// Skip the kernel run (it needs root, cgroup v1 and zswap).
-    #[arg(long, conflicts_with = "equal_footprint")]
+    #[arg(long, conflicts_with_all = ["equal_footprint", "swap"])]
     no_kernel: bool,
+    /// After zswap's run, run the program under the kernel once more with
+    /// zswap off (plain swap to the same kind of file, under the same
+    /// cgroup limit): the `swap` row, and a `vs swap` ratio per run.
+    #[arg(long)]
+    swap: bool,
     /// After the kernel's run, run zmem once more with the kernel's
     /// footprint: its limit moved by the difference between the kernel's
     /// peak footprint and its own at `--limit`.
@@ -137,27 +150,15 @@ pub fn run(args: &Args) -> Result<()> {
     out.push(measure("zmem", zmem(&args.limit), None)?);
 
     if !args.no_kernel {
-        let mut setup = KernelSetup::new(Some(&args.zswap), limit, swap_bytes, &args.swap_dir)?;
-        setup.set_page_cluster(args.page_cluster)?;
-        let procs = setup.cgroup_procs().context("the kernel run's cgroup")?;
-        // Only the child joins the cgroup; this process stays outside it.
-        let mut k = Command::new("sh");
-        k.arg("-c").arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display())).arg("sh").args(&args.cmd);
-        let name = format!("kernel:{}", args.zswap);
-        let mut o = measure(&name, k, Some(&setup))?;
-        let max_usage = setup
-            .cgroup
-            .as_ref()
-            .and_then(|cg| std::fs::read_to_string(cg.join("memory.max_usage_in_bytes")).ok())
-            .and_then(|s| s.trim().parse::<u64>().ok());
-        o.cgroup_peak_bytes = max_usage;
-        let kills = setup.oom_kills();
-        if kills > 0 {
-            o.exit_ok = false;
-            o.exit_status = format!("{}; the OOM killer killed {kills} in the cgroup", o.exit_status);
+        out.push(kernel_run(args, Some(&args.zswap), limit, swap_bytes)?);
+        if args.swap {
+            out.push(kernel_run(args, None, limit, swap_bytes)?);
+        } else if !out[2].exit_ok && out[2].exit_status.contains("OOM killer") {
+            eprintln!(
+                "zmem compare: the OOM killer ended the kernel's zswap run; `--swap` adds a run with zswap off \
+                 (under cgroup v1, zswap's runs of redis below its dataset were OOM-killed where plain swap finished)"
+            );
         }
-        out.push(o);
-        drop(setup);
     }
     if args.equal_footprint {
         let (z, k) = (&out[1], &out[2]);
@@ -174,6 +175,32 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("the program failed under {} ({})", bad.config, bad.exit_status);
     }
     Ok(())
+}
+
+/// The program under the kernel: a cgroup v1 limit of `limit`, a swap file
+/// of `swap_bytes`, and zswap with `zswap` as its compressor, or off
+/// (`None`: plain swap, the `swap` row); all of it restored before this
+/// returns. A run the OOM killer ended in the cgroup fails.
+fn kernel_run(args: &Args, zswap: Option<&str>, limit: usize, swap_bytes: usize) -> Result<Outcome> {
+    let mut setup = KernelSetup::new(zswap, limit, swap_bytes, &args.swap_dir)?;
+    setup.set_page_cluster(args.page_cluster)?;
+    let procs = setup.cgroup_procs().context("the kernel run's cgroup")?;
+    // Only the child joins the cgroup; this process stays outside it.
+    let mut k = Command::new("sh");
+    k.arg("-c").arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display())).arg("sh").args(&args.cmd);
+    let name = zswap.map_or("swap".to_string(), |c| format!("kernel:{c}"));
+    let mut o = measure(&name, k, zswap.map(|_| &setup))?;
+    o.cgroup_peak_bytes = setup
+        .cgroup
+        .as_ref()
+        .and_then(|cg| std::fs::read_to_string(cg.join("memory.max_usage_in_bytes")).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let kills = setup.oom_kills();
+    if kills > 0 {
+        o.exit_ok = false;
+        o.exit_status = format!("{}; the OOM killer killed {kills} in the cgroup", o.exit_status);
+    }
+    Ok(o)
 }
 
 /// Runs `cmd` to the end, sampling the footprint every 20 ms: the process
@@ -328,35 +355,52 @@ pub(crate) fn equal_footprint_limit(limit: u64, zmem_footprint: u64, kernel_foot
     (l >> 20 << 20).max(zmem_settings::Settings::MIN_LIMIT as u64)
 }
 
-/// How many times faster than the kernel's run `o` was: none unless both
-/// finished well (a run killed early is quick, not fast).
+/// How many times faster than the kernel's zswap run `o` was: none unless
+/// both finished well (a run killed early is quick, not fast).
 fn vs_kernel(out: &[Outcome], o: &Outcome) -> Option<f64> {
-    let kernel = out.iter().find(|k| k.config.starts_with("kernel") && k.exit_ok)?;
-    o.exit_ok.then(|| kernel.elapsed_s / o.elapsed_s)
+    vs(out, o, |b| b.config.starts_with("kernel"))
+}
+
+/// The same against the plain swap run (`--swap`).
+fn vs_swap(out: &[Outcome], o: &Outcome) -> Option<f64> {
+    vs(out, o, |b| b.config == "swap")
+}
+
+/// How many times faster than the first run `base` picks `o` was, where
+/// both finished well.
+fn vs(out: &[Outcome], o: &Outcome, base: impl Fn(&Outcome) -> bool) -> Option<f64> {
+    let b = out.iter().find(|b| base(b))?;
+    (b.exit_ok && o.exit_ok).then(|| b.elapsed_s / o.elapsed_s)
 }
 
 fn report(out: &[Outcome], json: bool) {
+    let swap = out.iter().any(|o| o.config == "swap");
     if json {
         let rows: Vec<serde_json::Value> = out
             .iter()
             .map(|o| {
                 let mut v = serde_json::to_value(o).unwrap_or_default();
                 v["vs_kernel"] = serde_json::json!(vs_kernel(out, o));
+                if swap {
+                    v["vs_swap"] = serde_json::json!(vs_swap(out, o));
+                }
                 v
             })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
         return;
     }
-    println!("{:<12} {:>10} {:>16} {:>10}  exit", "config", "elapsed s", "peak footprint", "vs kernel");
+    let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
+    let vs_swap_head = if swap { format!(" {:>8}", "vs swap") } else { String::new() };
+    println!("{:<12} {:>10} {:>16} {:>10}{vs_swap_head}  exit", "config", "elapsed s", "peak footprint", "vs kernel");
     for o in out {
-        let vs = vs_kernel(out, o).map_or("-".to_string(), |r| format!("{r:.2}x"));
+        let vs_swap_col = if swap { format!(" {:>8}", ratio(vs_swap(out, o))) } else { String::new() };
         println!(
-            "{:<12} {:>10.2} {:>12} MiB {:>10}  {}",
+            "{:<12} {:>10.2} {:>12} MiB {:>10}{vs_swap_col}  {}",
             o.config,
             o.elapsed_s,
             o.peak_footprint_bytes >> 20,
-            vs,
+            ratio(vs_kernel(out, o)),
             o.exit_status
         );
     }
@@ -364,7 +408,7 @@ fn report(out: &[Outcome], json: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{equal_footprint_limit, parse_rollup, pss_of, rss_of, vs_kernel, Outcome, Pss, Sampler};
+    use super::{equal_footprint_limit, parse_rollup, pss_of, rss_of, vs_kernel, vs_swap, Outcome, Pss, Sampler};
     use std::process::Command;
 
     fn run(config: &str, elapsed_s: f64, exit_ok: bool) -> Outcome {
@@ -388,6 +432,13 @@ mod tests {
         assert!(killed.iter().all(|o| vs_kernel(&killed, o).is_none()), "the kernel was OOM-killed");
         let none = [run("native", 1.0, true), run("zmem", 2.0, true)];
         assert_eq!(vs_kernel(&none, &none[1]), None, "--no-kernel");
+        // zswap's run killed, plain swap's finished: only `vs swap`.
+        let swap =
+            [run("native", 1.0, true), run("zmem", 2.0, true), run("kernel:lzo", 0.1, false), run("swap", 8.0, true)];
+        assert_eq!(vs_kernel(&swap, &swap[1]), None);
+        assert_eq!(vs_swap(&swap, &swap[1]), Some(4.0));
+        assert_eq!(vs_swap(&swap, &swap[2]), None, "the killed run");
+        assert_eq!(vs_swap(&killed, &killed[1]), None, "no --swap");
     }
 
     #[test]

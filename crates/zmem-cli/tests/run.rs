@@ -2349,11 +2349,11 @@ print("ok", st["pager"]["limit_soft_events"], st["pager"]["eviction_rejects"])
     assert_eq!(warnings, 1, "{}", text(&o));
 }
 
-/// `zmem compare --equal-footprint`: the same program as is, under zmem
-/// and under the kernel's zswap, then under zmem with the kernel's
-/// footprint, with the machine left as it was.
+/// `zmem compare --swap --equal-footprint`: the same program as is, under
+/// zmem, under the kernel's zswap and under plain swap, then under zmem
+/// with the kernel's footprint, with the machine left as it was.
 #[test]
-fn compare_runs_a_program_four_ways_and_restores_the_machine() {
+fn compare_runs_a_program_five_ways_and_restores_the_machine() {
     let _one = kernel_runs();
     let zswap_before = std::fs::read_to_string("/sys/module/zswap/parameters/enabled").ok();
     let page_cluster_before = std::fs::read_to_string("/proc/sys/vm/page-cluster").unwrap();
@@ -2366,6 +2366,7 @@ fn compare_runs_a_program_four_ways_and_restores_the_machine() {
             "--swap-dir",
             swap.to_str().unwrap(),
             "--equal-footprint",
+            "--swap",
             "--json",
             "--",
             "python3",
@@ -2384,7 +2385,7 @@ fn compare_runs_a_program_four_ways_and_restores_the_machine() {
     // zmem's, in whole MiB, at least 16M.
     let matched = ((32u64 << 20) + fp(2)).saturating_sub(fp(1)) >> 20;
     let names: Vec<&str> = rows.iter().map(|r| r["config"].as_str().unwrap()).collect();
-    assert_eq!(names, ["native", "zmem", "kernel:lzo", &format!("zmem@{}M", matched.max(16))], "{}", text(&o));
+    assert_eq!(names, ["native", "zmem", "kernel:lzo", "swap", &format!("zmem@{}M", matched.max(16))], "{}", text(&o));
     for r in rows {
         assert_eq!(r["exit_ok"], true, "{r}");
         assert!(r["elapsed_s"].as_f64().unwrap() > 0.0 && r["peak_footprint_bytes"].as_u64().unwrap() > 0, "{r}");
@@ -2392,6 +2393,13 @@ fn compare_runs_a_program_four_ways_and_restores_the_machine() {
         assert!(r["peak_pss_bytes"].as_u64().unwrap() > r["peak_footprint_bytes"].as_u64().unwrap(), "{r}");
     }
     assert_eq!(rows[2]["vs_kernel"].as_f64(), Some(1.0));
+    // Each run's ratio against plain swap, from this run's own times.
+    for r in rows {
+        let vs_swap = rows[3]["elapsed_s"].as_f64().unwrap() / r["elapsed_s"].as_f64().unwrap();
+        assert!((r["vs_swap"].as_f64().unwrap() - vs_swap).abs() < 1e-9, "{r}");
+    }
+    // Plain swap: the cgroup held the program to its limit, with no pool.
+    assert!(rows[3]["cgroup_peak_bytes"].as_u64().is_some_and(|b| b > 0 && b <= 32 << 20), "{}", rows[3]);
     assert!(rows[2]["cgroup_peak_bytes"].as_u64().is_some_and(|b| b > 0 && b <= 32 << 20), "{}", rows[2]);
     // The program held 128 MiB; under zmem far less of it was resident.
     let (native, zmem) = (fp(0), fp(1));
@@ -2497,7 +2505,8 @@ fn compare_fails_a_kernel_run_the_oom_killer_ended_whatever_the_exit_status() {
         300,
     );
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("the OOM killer killed"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the OOM killer killed") && err.contains("`--swap` adds a run"), "{}", text(&o));
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
     let ok: Vec<bool> = rows.as_array().unwrap().iter().map(|r| r["exit_ok"].as_bool().unwrap()).collect();
     assert_eq!(ok, [true, true, false], "{}", text(&o));
