@@ -121,9 +121,13 @@ pub struct Tier {
     cfg: TierConfig,
     tree: Tree<Arc<Pool>>,
     lru: lru::Lru,
-    /// Cached entries (`retain_clean`) in the order they were kept: the
-    /// shrinker frees these first, oldest first, as they cost no I/O.
+    /// Cached pool entries (`retain_clean`) in the order they were kept:
+    /// a full pool frees these first, oldest first, as they cost no I/O.
     clean: lru::Lru,
+    /// Cached entries in the swap file, likewise: they take no pool
+    /// memory, only slots, and go only when the swap file is full
+    /// (`drop_clean(0)`).
+    clean_swap: lru::Lru,
     current: RwLock<Arc<Pool>>,
     pools: Mutex<Vec<Weak<Pool>>>,
     next_pool_id: AtomicU32,
@@ -200,6 +204,7 @@ impl Tier {
             tree: Tree::default(),
             lru: lru::Lru::default(),
             clean: lru::Lru::default(),
+            clean_swap: lru::Lru::default(),
             group_pages,
             mempool,
             swap,
@@ -349,7 +354,7 @@ impl Tier {
     /// [`entry_metadata_bytes`](Self::entry_metadata_bytes) in its parts:
     /// the tree's blocks, the LRU's items, the kept entries' page hashes.
     pub fn entry_metadata_parts(&self) -> (usize, usize, usize) {
-        (self.tree.bytes(), self.lru.bytes(), self.clean.bytes())
+        (self.tree.bytes(), self.lru.bytes(), self.clean.bytes() + self.clean_swap.bytes())
     }
 
     /// Gives the free pages the mempool keeps for reuse back to the OS

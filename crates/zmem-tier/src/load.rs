@@ -426,7 +426,8 @@ impl Tier {
         }
         drop(shard);
         if fresh {
-            self.clean.push([key / BLOCK as u64]);
+            let list = if in_swap { &self.clean_swap } else { &self.clean };
+            list.push([key / BLOCK as u64]);
             self.tidy_clean();
         }
         true
@@ -436,18 +437,47 @@ impl Tier {
     /// entries reused or dropped stay behind until popped).
     fn tidy_clean(&self) {
         if self.clean.needs_rebuild() {
-            self.clean.rebuild(|b| self.block_has(b, |e| e.cached));
+            self.clean.rebuild(|b| self.block_has(b, |e| e.cached && e.in_pool()));
+        }
+        if self.clean_swap.needs_rebuild() {
+            self.clean_swap.rebuild(|b| self.block_has(b, |e| e.cached && !e.in_pool()));
         }
     }
 
-    /// Frees cached entries, oldest first, until the pool is at most
+    /// Frees cached pool entries, oldest first, until the pool is at most
     /// `target` bytes or none is left. Returns how many went. No I/O: each
-    /// is a clean copy of a page that is mapped. (With a target of 0 it
-    /// frees them all, the swap file's too: a full swap file does that.)
+    /// is a clean copy of a page that is mapped. With a target of 0 it
+    /// frees them all, and the swap file's too: a full swap file does that,
+    /// for their slots.
+    ///
+    /// Cached entries in the swap file take no pool memory, and are on a
+    /// list of their own (`clean_swap`). On one list with the pool's, a
+    /// pool over its limit freed every one of them too, looking for pool
+    /// memory that they did not hold (reclaim's `shrink_to_limit` runs before
+    /// each pass): the folios a fork loaded back were then compressed
+    /// again, not stored into their entries, in half of the runs of
+    /// `after_a_fork_that_execs_…` (`tests/pager.rs`).
     pub(crate) fn drop_clean(&self, target: usize) -> usize {
+        let mut done = self.drop_listed(&self.clean, target > 0, |t| t.pool_total_size() > target);
+        if target == 0 {
+            done += self.drop_listed(&self.clean_swap, false, |_| true);
+        }
+        if done > 0 && target == 0 {
+            self.compact();
+        }
+        inc(&self.counters.cached_dropped, done as u64);
+        done
+    }
+
+    /// Frees the cached entries of `list`'s blocks (a block's entries of
+    /// the other kind are on the other list, and are freed with it),
+    /// oldest first, while `more` says so, compacting the pool between
+    /// batches with `compact`. Returns how many went.
+    fn drop_listed(&self, list: &crate::lru::Lru, compact: bool, more: impl Fn(&Self) -> bool) -> usize {
+        let in_pool = std::ptr::eq(list, &self.clean);
         let mut done = 0;
-        while self.pool_total_size() > target {
-            let items = self.clean.pop_cold(4);
+        while more(self) {
+            let items = list.pop_cold(4);
             if items.is_empty() {
                 break;
             }
@@ -457,21 +487,17 @@ impl Tier {
                 let mut dropped = Vec::new();
                 let mut shard = self.tree.lock(first);
                 for k in first..=first + (BLOCK - 1) as u64 {
-                    if shard.get(k).is_some_and(|e| e.cached) {
+                    if shard.get(k).is_some_and(|e| e.cached && e.in_pool() == in_pool) {
                         done += usize::from(self.free_in(&mut shard, k, &mut dropped));
                     }
                 }
                 drop(shard);
                 drop(dropped);
             }
-            if done > 0 && target > 0 && self.pool_total_size() > target {
+            if compact && done > 0 && more(self) {
                 self.compact();
             }
         }
-        if done > 0 && target == 0 {
-            self.compact();
-        }
-        inc(&self.counters.cached_dropped, done as u64);
         done
     }
 

@@ -892,6 +892,39 @@ fn a_written_back_entry_is_kept_only_where_the_pool_has_no_room() {
     assert!(!t.pool_has_room(), "{:?}", t.stats());
 }
 
+/// A pool over its limit frees its kept pool entries to make room, never
+/// the kept entries in the swap file, which take none: those stay, and the
+/// unchanged pages go back into them without compressing.
+#[test]
+fn a_pool_over_its_limit_frees_kept_pool_entries_not_the_swap_files() {
+    let t = Tier::new(TierConfig { exclusive_loads: false, ..cfg(64 << 20, true) }).unwrap();
+    let n = 16u64;
+    for k in 0..n {
+        t.store(k, corpus().page(k as usize)).unwrap();
+    }
+    assert_eq!(t.writeback(8), 8);
+    let pages: Vec<Vec<u8>> = (0..n).map(|k| load(&t, k).unwrap()).collect();
+    for (k, p) in pages.iter().enumerate() {
+        assert!(t.retain_clean_unless(k as u64, p, true, false), "key {k}");
+    }
+    let swapped: Vec<u64> = (0..n).filter(|&k| matches!(t.lookup(k), Some(Stored::Swap { .. }))).collect();
+    assert_eq!((swapped.len(), t.stats().cached_pages), (8, n), "{:?}", t.stats());
+    t.set_max_pool_bytes(PAGE_SIZE);
+    t.shrink_to_limit();
+    let s = t.stats();
+    assert_eq!(s.cached_dropped, n - 8, "the kept pool entries went: {s:?}");
+    assert!(swapped.iter().all(|&k| matches!(t.lookup(k), Some(Stored::Swap { .. }))), "{s:?}");
+    let out = s.zswpout;
+    for &k in &swapped {
+        t.store_reusing(k, &pages[k as usize]).unwrap();
+    }
+    let s = t.stats();
+    assert_eq!((s.cached_reused, s.zswpout - out), (8, 0), "{s:?}");
+    for &k in &swapped {
+        assert!(load(&t, k).unwrap() == pages[k as usize], "key {k}");
+    }
+}
+
 /// A forked child takes its parent's pages by export and import: every
 /// kind (same-filled, compressed, raw, written back, stored by an older
 /// compressor) comes back bit for bit from the importing tier, objects of
