@@ -826,6 +826,63 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
     }
 }
 
+/// A fork's load-back keeps the loaded folios' pool entries (`Load::Fork`):
+/// once the child is gone (most forks exec at once), the parent's pages are
+/// its own again, over the limit, and go out first, into those entries,
+/// without compressing. Dropped at load-back, every one of them was
+/// compressed again.
+#[test]
+fn after_a_fork_that_execs_the_folios_loaded_back_go_out_again_without_compressing() {
+    let _wd = watchdog("fork-exec", 120);
+    let mut cfg = PagerConfig::with_limit(4 << 20);
+    cfg.keep_on_fork = true;
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(16 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    let before = p.tier().stats();
+    p.fork_prepare();
+    let prog = c"/bin/true";
+    let argv = [prog.as_ptr(), std::ptr::null()];
+    // SAFETY: the child only execs (async-signal-safe) or leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: a NUL-terminated path and a null-terminated argv.
+        unsafe { libc::execv(prog.as_ptr(), argv.as_ptr()) };
+        // SAFETY: leaves the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(127) };
+    }
+    p.fork_parent();
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child: {status:#x}");
+    let s = p.stats();
+    let loaded = s.fork_loads * (64 << 10) / PAGE_SIZE as u64;
+    assert!(loaded >= (8 << 20) / PAGE_SIZE as u64, "the fork loaded the evicted folios back: {s:?}");
+    // Back under the limit (see `a_forked_child_sees_every_page_and_the_two_diverge`
+    // for the soft limit's backoff).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    p.reclaim_now();
+    while (p.stats().limit_soft || p.stats().usage_bytes > 4 << 20) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        p.reclaim_now();
+    }
+    let (s, after) = (p.stats(), p.tier().stats());
+    assert!(s.usage_bytes <= 4 << 20, "{s:?}");
+    let reused = after.cached_reused - before.cached_reused;
+    let compressed = after.zswpout - before.zswpout;
+    assert!(reused >= loaded / 2, "{reused} of {loaded} pages went out into their entries: {after:?} {s:?}");
+    assert!(compressed < reused / 2, "{compressed} pages compressed again, {reused} not: {after:?}");
+    for pg in 0..pages {
+        assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+    }
+}
+
 /// A page the program drops while a fork's loads (on the forking thread,
 /// not the handler) bring its folio back reads as zeros, and keeps what it
 /// is written afterwards. The loads read the folio from the tier, then

@@ -543,7 +543,7 @@ impl Inner {
                     }
                     _ => break,
                 };
-                let r = self.load_pages(st, f, want, bounce, Load::Back);
+                let r = self.load_pages(st, f, want, bounce, if fork { Load::Fork } else { Load::Back });
                 drop(g);
                 if r != Served::Again {
                     if fork {

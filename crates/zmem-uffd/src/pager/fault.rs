@@ -297,7 +297,14 @@ pub(super) enum Load {
     /// A fault that continues a walk of loads, or a folio read ahead of
     /// one: clean entries are kept, and the folio goes on the once list.
     Walk,
-    /// Memory taken back for good (a fork's load-back): entries go.
+    /// A fork's load-back: clean entries are kept at any usage, and the
+    /// folio goes on the once list, as a walk's. The folios were cold; a
+    /// child that execs (most forks) leaves them the parent's alone again,
+    /// and they go out again first, into the entries they left, without
+    /// compressing.
+    Fork,
+    /// Memory given back for good (an adopted region released): entries
+    /// go.
     Back,
 }
 
@@ -813,7 +820,7 @@ impl Inner {
     /// poisoned. On `Again` nothing is lost: the entries stay in the tier
     /// until a COPY succeeds.
     ///
-    /// For a fault (`Load::Fault`, `Load::Walk`), pages that loaded keep
+    /// For a fault (`Load::Fault`, `Load::Walk`) or a fork, pages that loaded keep
     /// their pool entries as clean copies (`Tier::retain_clean`): evicted
     /// again unchanged, they are stored without compressing (as the kernel
     /// drops a clean swap-cache page without writing it).
@@ -826,6 +833,8 @@ impl Inner {
         why: Load,
     ) -> Served {
         let keep = why != Load::Back;
+        // Kept at any usage, and put on the once list.
+        let once = matches!(why, Load::Walk | Load::Fork);
         let ppf = bounce.len() / PAGE_SIZE;
         let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
         let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
@@ -872,9 +881,9 @@ impl Inner {
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
         let evicted = st.folio(f) == Folio::Evicted;
         match want {
-            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce, why == Load::Walk),
+            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce, once),
             None => self.invalidate_folio(st, f),
-            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce, why == Load::Walk),
+            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce, once),
             Some(m) => {
                 for p in self.folio_pages(st, f).filter(|p| m >> (p - f * ppf) & 1 != 0) {
                     self.tier.invalidate(st.key(p));
@@ -888,7 +897,7 @@ impl Inner {
             if why == Load::Fault {
                 self.note_refault(st, f);
             }
-            self.became_resident_on(st, f, why == Load::Walk);
+            self.became_resident_on(st, f, once);
             if let Some(m) = want {
                 // What was not loaded stays in the tier: the pages whose
                 // entries are this region's (not its holes).

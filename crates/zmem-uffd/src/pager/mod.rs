@@ -734,16 +734,17 @@ impl Inner {
     /// were mapped again from `pages`, the folio's bytes: their pool entries
     /// stay as clean copies (`Tier::retain_clean`), their other entries go.
     /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
-    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], walk: bool) {
+    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], once: bool) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut kept = false;
         // A kept pool entry is memory beside the page it copies, charged to
         // the limit: kept only below the low watermark, where it costs no
         // eviction. (Entries in the swap file cost no memory.) A walk's
-        // folios keep theirs at any usage: they go first (`Lru::once`),
+        // folios, and a fork's (`once`), keep theirs at any usage: they go
+        // first (`Lru::once`),
         // and their entries are what they will be evicted into, so freeing
         // one now would only cost a compression then.
-        let keep_pool = walk || self.usage() + self.cfg.folio_size <= self.low();
+        let keep_pool = once || self.usage() + self.cfg.folio_size <= self.low();
         // A written-back entry is kept only where the pool could not take
         // the page anyway (`Tier::retain_clean_unless`): a hot page would
         // otherwise go back and forth between the program and its slot,
@@ -752,7 +753,7 @@ impl Inner {
         // folios go out behind it, into these entries, and are not read
         // again soon (`a_walk_over_more_than_the_limit_evicts_behind_itself`
         // compressed 26% of what it evicted without this, 2-5% with it).
-        let room = !walk && self.tier.pool_has_room();
+        let room = !once && self.tier.pool_has_room();
         for p in self.folio_pages(st, f) {
             let i = p - f * ppf;
             if i < 64 && mask >> i & 1 == 0 {
