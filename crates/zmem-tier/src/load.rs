@@ -458,9 +458,9 @@ impl Tier {
     /// again, not stored into their entries, in half of the runs of
     /// `after_a_fork_that_execs_…` (`tests/pager.rs`).
     pub(crate) fn drop_clean(&self, target: usize) -> usize {
-        let mut done = self.drop_listed(&self.clean, target > 0, |t| t.pool_total_size() > target);
+        let mut done = self.drop_listed(true, target > 0, |t| t.pool_total_size() > target);
         if target == 0 {
-            done += self.drop_listed(&self.clean_swap, false, |_| true);
+            done += self.drop_listed(false, false, |_| true);
         }
         if done > 0 && target == 0 {
             self.compact();
@@ -469,12 +469,13 @@ impl Tier {
         done
     }
 
-    /// Frees the cached entries of `list`'s blocks (a block's entries of
-    /// the other kind are on the other list, and are freed with it),
-    /// oldest first, while `more` says so, compacting the pool between
-    /// batches with `compact`. Returns how many went.
-    fn drop_listed(&self, list: &crate::lru::Lru, compact: bool, more: impl Fn(&Self) -> bool) -> usize {
-        let in_pool = std::ptr::eq(list, &self.clean);
+    /// Frees cached entries of one kind, the pool's (`in_pool`, the `clean`
+    /// list) or the swap file's (`clean_swap`), oldest first, while `more`
+    /// says so, compacting the pool between batches with `compact`. A
+    /// block on both lists keeps its entries of the other kind. Returns how
+    /// many went.
+    fn drop_listed(&self, in_pool: bool, compact: bool, more: impl Fn(&Self) -> bool) -> usize {
+        let list = if in_pool { &self.clean } else { &self.clean_swap };
         let mut done = 0;
         while more(self) {
             let items = list.pop_cold(4);
