@@ -369,8 +369,6 @@ impl Inner {
         // Events read after a FORK event in the same batch: handled once
         // the child has its memory.
         let mut carry: Vec<Event> = Vec::new();
-        // The last read returned events: read again before polling.
-        let mut more = false;
         let mut busy = Busy { n: &self.handlers_busy, on: false };
         loop {
             // Done with what the last events asked: everything that served
@@ -387,14 +385,7 @@ impl Inner {
             // Not beside the program: its CPU is the one a spin would take,
             // and a wake-up there is cheap (`follow.rs`).
             let spinning = idle && follow.pinned().is_none() && spin.spinning(Instant::now());
-            // After a read that returned events, the next is read without
-            // polling first: a program paging a working set faults again
-            // while its last fault's tail is served, so the message is
-            // there, and a poll(2) that finds it ready still queues and
-            // unqueues a wait entry and arms a timer (redis's `DEBUG
-            // DIGEST`: ~5% of all CPU). Only a read that finds nothing
-            // leads to a poll.
-            if !spinning && carry.is_empty() && !std::mem::take(&mut more) {
+            if !spinning && carry.is_empty() {
                 // Before it blocks: a TLS vector glibc moved meanwhile is
                 // locked before reclaim can evict it (`zmem_common::tls`).
                 zmem_common::tls::keep_resident();
@@ -414,7 +405,6 @@ impl Inner {
             }
             if !events.is_empty() {
                 busy.set(true);
-                more = true;
             }
             // A FORK event: the events before it are handled now, the child
             // is served until it has its memory, and the rest come after.
