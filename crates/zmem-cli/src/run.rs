@@ -223,6 +223,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
             path.display()
         );
     }
+    check_kernel()?;
     let mut cmd = Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..]).env("LD_PRELOAD", preload).envs(vars);
     // AddressSanitizer refuses to start when another library comes before
@@ -347,6 +348,37 @@ fn tunables_for_user_mode_only() -> Option<std::ffi::OsString> {
         t.push("glibc.pthread.rseq=0");
     }
     Some(t)
+}
+
+/// Stops `zmem run` before the program starts, with what is missing, where
+/// this kernel or this user cannot have a pager: every process of the tree
+/// would otherwise run unmanaged, each with a warning of its own.
+fn check_kernel() -> Result<()> {
+    let offered = zmem_uffd::Uffd::offered(zmem_uffd::OpenMode::Auto)
+        .map_err(|e| anyhow::anyhow!("{e}; zmem cannot manage memory here"))?;
+    match missing_kernel_features(offered) {
+        None => Ok(()),
+        Some(what) => {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            anyhow::bail!("this kernel ({}) lacks {what}; zmem cannot manage memory here", release.trim())
+        }
+    }
+}
+
+/// The userfaultfd features a pager cannot start without, by the kernel
+/// release that brought them, that `offered` lacks; `None` if it has them
+/// all. (Write tracking, `UFFDIO_POISON` and `PROCMAP_QUERY` are used where
+/// the kernel has them: see README, "Requirements".)
+fn missing_kernel_features(offered: zmem_uffd::Features) -> Option<String> {
+    use zmem_uffd::Features as F;
+    let needed = [
+        (F::MOVE, "UFFDIO_MOVE (Linux 6.8)"),
+        (F::EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE (Linux 4.11)"),
+        (F::EVENT_UNMAP, "UFFD_FEATURE_EVENT_UNMAP (Linux 4.11)"),
+        (F::EVENT_REMAP, "UFFD_FEATURE_EVENT_REMAP (Linux 4.11)"),
+    ];
+    let missing: Vec<&str> = needed.iter().filter(|(f, _)| !offered.contains(*f)).map(|&(_, what)| what).collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
 }
 
 /// The file `Command::new(name)` would run: `name` itself if it has a
@@ -523,6 +555,19 @@ mod tests {
             }
         }
         assert_eq!(elf_lacks_interp(&img), Some(true));
+    }
+
+    #[test]
+    fn a_kernel_without_move_is_named_with_the_release_that_brought_it() {
+        use zmem_uffd::Features as F;
+        let all = F::MOVE | F::EVENT_REMOVE | F::EVENT_UNMAP | F::EVENT_REMAP;
+        assert_eq!(missing_kernel_features(all), None);
+        let before_6_8 = F::EVENT_REMOVE | F::EVENT_UNMAP | F::EVENT_REMAP | F::POISON;
+        assert_eq!(missing_kernel_features(before_6_8).as_deref(), Some("UFFDIO_MOVE (Linux 6.8)"));
+        let none = missing_kernel_features(F(0)).unwrap();
+        assert!(none.starts_with("UFFDIO_MOVE") && none.contains("EVENT_REMAP"), "{none}");
+        // This machine's kernel runs the tests: it has them all.
+        assert_eq!(missing_kernel_features(zmem_uffd::Uffd::offered(zmem_uffd::OpenMode::Auto).unwrap()), None);
     }
 
     #[test]
