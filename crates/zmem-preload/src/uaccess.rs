@@ -26,7 +26,7 @@
 //! (`printf`'s flush of a full buffer, `opendir`'s first read), calls
 //! made with `syscall(2)`, io_uring, futexes, and the calls with small
 //! structures (`stat`, `accept`'s address), which programs keep on the
-//! stack, never managed. README.md says what a user can do instead.
+//! stack, never managed. docs/limitations.md says what a user can do instead.
 //!
 //! Everywhere else (a full userfaultfd, a zmem thread, inside the shim)
 //! each wrapper is the C library's call and one load of a flag.
