@@ -128,6 +128,42 @@ pub fn incompressible_page(seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A page whose every other word is xorshift and every other its own index:
+/// about half of it compresses, the same for the same seed (real pages are
+/// neither random nor all alike).
+pub fn half_compressible_page(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..PAGE_SIZE / 8)
+        .flat_map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (if i % 2 == 0 { x } else { i as u64 }).to_le_bytes()
+        })
+        .collect()
+}
+
+/// A page of one word repeated: what the tier keeps as a same-filled
+/// marker rather than in the pool.
+pub fn filled_page(word: u64) -> Vec<u8> {
+    word.to_ne_bytes().repeat(PAGE_SIZE / 8)
+}
+
+/// A page of one of the kinds a compressed tier treats differently, by
+/// `kind % 8`: zeros, a same-filled page, an incompressible page, or (5 in
+/// 8) a real heap page of the embedded sample, chosen by `seed`.
+pub fn page_of_kind(kind: u8, seed: u64) -> Vec<u8> {
+    match kind % 8 {
+        0 => vec![0u8; PAGE_SIZE],
+        1 => filled_page(seed | 1),
+        2 => incompressible_page(seed),
+        _ => {
+            let c = Corpus::sample();
+            c.page(seed as usize % c.len()).to_vec()
+        }
+    }
+}
+
 /// zstd-compresses a capture for storage (level 19: corpora are written once).
 ///
 /// # Errors

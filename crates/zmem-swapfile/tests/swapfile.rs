@@ -18,16 +18,7 @@ fn mempool() -> Arc<Mempool> {
 }
 
 fn page(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..PAGE_SIZE / 8)
-        .flat_map(|i| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // Half-compressible: real pages are not random.
-            (if i % 2 == 0 { x } else { i as u64 }).to_le_bytes()
-        })
-        .collect()
+    zmem_compress::corpus::half_compressible_page(seed)
 }
 
 /// Flips the bits `mask` of byte `at` of slot `slot` on disk.

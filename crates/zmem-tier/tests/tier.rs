@@ -25,12 +25,7 @@ fn random_page(seed: u64) -> Vec<u8> {
 
 /// A page of one of the kinds the tier treats differently.
 fn page(kind: u8, seed: u64) -> Vec<u8> {
-    match kind % 8 {
-        0 => vec![0u8; PAGE_SIZE],
-        1 => (seed | 1).to_ne_bytes().repeat(PAGE_SIZE / 8),
-        2 => random_page(seed),
-        _ => corpus().page(seed as usize % corpus().len()).to_vec(),
-    }
+    zmem_compress::corpus::page_of_kind(kind, seed)
 }
 
 fn cfg(limit: usize, writeback: bool) -> TierConfig {

@@ -24,7 +24,7 @@ fn next_event(u: &Uffd) -> Event {
 }
 
 fn page_of(v: u64) -> Vec<u8> {
-    v.to_ne_bytes().repeat(PAGE_SIZE / 8)
+    zmem_compress::corpus::filled_page(v)
 }
 
 #[test]

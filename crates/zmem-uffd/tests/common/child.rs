@@ -10,7 +10,8 @@ pub fn in_child() -> bool {
     std::env::var_os(CHILD_ENV).is_some()
 }
 
-/// Runs test `name` again in a child process (with `CHILD_ENV` set), as the
+/// Runs test `name` (its path as the harness lists it: `module::test` in a
+/// test binary of modules) again in a child process (with `CHILD_ENV` set), as the
 /// only test there, and returns its output.
 pub fn run_child(name: &str) -> std::process::Output {
     std::process::Command::new(std::env::current_exe().unwrap())

@@ -1,0 +1,67 @@
+//! The pager on real userfaultfd, real threads and the real tier: every byte
+//! of every page is checked. One file a family of tests.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_tier::TierConfig;
+#[path = "../common/child.rs"]
+mod child;
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/pages.rs"]
+mod pages;
+
+mod ahead;
+mod events;
+mod hotness;
+mod integrity;
+mod staging;
+
+use child::{in_child, run_child};
+use common::watchdog;
+use pages::{check_page, write_page, WORDS};
+use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_uffd::{Pager, PagerConfig, Region};
+
+/// A pager under `cfg` with a 32 MiB region written with `v`, evicted down
+/// to the low watermark: where the read-ahead tests walk.
+fn filled_and_reclaimed(cfg: PagerConfig, v: u32) -> (Pager, Region) {
+    let p = Pager::new(cfg).unwrap();
+    let r = p.map(32 << 20).unwrap();
+    for pg in 0..r.len() / PAGE_SIZE {
+        write_page(&r, pg, v);
+    }
+    p.reclaim_now();
+    (p, r)
+}
+
+fn pager(limit: usize) -> Pager {
+    Pager::new(PagerConfig::with_limit(limit)).expect("pager")
+}
+
+/// A page dropped with MADV_DONTNEED: it must read as zeros.
+const DROPPED: u32 = u32::MAX;
+
+fn check_or_zero(r: &Region, pg: usize, v: u32) -> usize {
+    if v == DROPPED {
+        r.words()[pg * WORDS..(pg + 1) * WORDS].iter().filter(|w| w.load(Ordering::Relaxed) != 0).count()
+    } else {
+        check_page(r, pg, v)
+    }
+}
+
+/// The pager's counters once `ready` holds of them, or after 2 s: the
+/// handler counts a fault just after the ioctl that wakes the faulting
+/// thread, so a count may trail the thread for a moment.
+fn stats_when(p: &Pager, ready: impl Fn(&zmem_uffd::PagerStats) -> bool) -> zmem_uffd::PagerStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let s = p.stats();
+        if ready(&s) || std::time::Instant::now() >= deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
