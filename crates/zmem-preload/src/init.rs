@@ -287,6 +287,10 @@ fn init() -> Option<Shim> {
     if unsafe { libc::atexit(crate::stats::remove_at_exit) } != 0 {
         log::warn!("atexit failed; the stats file stays after the exit (the next start sweeps it)");
     }
+    // SAFETY: as above; `leave_tree_at_exit` touches atomics only.
+    if unsafe { libc::atexit(leave_tree_at_exit) } != 0 {
+        log::warn!("atexit failed; this process's usage stays in the tree's count until it is swept");
+    }
     Some(s)
 }
 
@@ -296,6 +300,20 @@ fn init() -> Option<Shim> {
 fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>) {
     if first_in_tree(settings, w) {
         log::warn!("{why}. It runs unmanaged (no limit), as will any other process of the tree for this reason");
+    }
+}
+
+/// The exit handler (`atexit`): this process's usage leaves the tree's
+/// count now, not a second after it is gone, so that the processes that
+/// stay are not held to shares cut for memory being freed (a build's
+/// compilers exit one after the other). Not in a vfork child, whose
+/// parent's pager it would be. Atomics only: the program may exit with
+/// any lock held.
+extern "C" fn leave_tree_at_exit() {
+    if is_shim_process() {
+        if let Some(s) = current() {
+            s.pager.leave_tree();
+        }
     }
 }
 

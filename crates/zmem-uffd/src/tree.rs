@@ -30,7 +30,7 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// "zmemtree" in ASCII, and the layout's version.
 const MAGIC: u64 = 0x7a6d_656d_7472_6565;
@@ -339,7 +339,7 @@ impl Tree {
         s.peak.store(0, Ordering::Relaxed);
         s.evicted.store(0, Ordering::Relaxed);
         self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
-        Ok(Member { tree: self, slot: i, pid })
+        Ok(Member { tree: self, slot: i, pid, left: AtomicBool::new(false) })
     }
 
     /// Frees the slots of processes that are gone.
@@ -361,6 +361,8 @@ pub struct Member {
     tree: Tree,
     slot: usize,
     pid: u32,
+    /// The process is exiting ([`Member::leave`]): it publishes no usage.
+    left: AtomicBool,
 }
 
 impl Member {
@@ -372,6 +374,9 @@ impl Member {
     /// never below `floor`.
     pub fn publish(&self, usage: usize, floor: usize) -> usize {
         let s = self.tree.slot(self.slot);
+        if self.left.load(Ordering::Relaxed) {
+            return s.share.load(Ordering::Relaxed) as usize;
+        }
         s.usage.store(usage as u64, Ordering::Relaxed);
         s.peak.fetch_max(usage as u64, Ordering::Relaxed);
         let total = self.tree.usage().max(usage as u64);
@@ -382,6 +387,15 @@ impl Member {
         let share = limit.saturating_sub(others).max(proportional).max(floor as u64).min(limit);
         s.share.store(share, Ordering::Relaxed);
         share as usize
+    }
+
+    /// The process is exiting: its usage leaves the tree's count now, not
+    /// at the next sweep (about a second later, once it is gone), during
+    /// which the others' shares were cut for memory about to be freed.
+    /// Atomics only: it runs from an exit handler.
+    pub fn leave(&self) {
+        self.left.store(true, Ordering::Relaxed);
+        self.tree.slot(self.slot).usage.store(0, Ordering::Relaxed);
     }
 
     /// Records folios evicted (for `zmem stats`).
@@ -500,6 +514,24 @@ mod tests {
         assert_eq!(m[0].pid, std::process::id());
         drop(a);
         assert_eq!(t2.members().len(), 1, "a member's drop frees its slot");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// An exiting process's usage leaves the count at once, and what its
+    /// last threads publish after does not bring it back.
+    #[test]
+    fn a_member_that_leaves_counts_nothing_and_publishes_nothing_after() {
+        let p = path("leave");
+        let a = Tree::create(&p, 100 << 20).unwrap().join().unwrap();
+        let t = Tree::open(&p).unwrap();
+        assert_eq!(a.publish(60 << 20, 1 << 20), 100 << 20);
+        assert_eq!(t.usage(), 60 << 20);
+        a.leave();
+        assert_eq!(t.usage(), 0);
+        assert_eq!(a.publish(70 << 20, 1 << 20), 100 << 20, "the share it had");
+        assert_eq!(t.usage(), 0);
+        assert_eq!(t.members().len(), 1, "the slot stays until the drop or a sweep");
+        drop(a);
         let _ = std::fs::remove_file(&p);
     }
 

@@ -276,6 +276,14 @@ impl Pager {
         self.inner.member.as_ref().map(crate::tree::Member::tree)
     }
 
+    /// The process is exiting: its usage leaves its tree's count at once
+    /// ([`crate::tree::Member::leave`]). Atomics only, for an exit handler.
+    pub fn leave_tree(&self) {
+        if let Some(m) = &self.inner.member {
+            m.leave();
+        }
+    }
+
     pub fn stats(&self) -> PagerStats {
         let c = &self.inner.counters;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
