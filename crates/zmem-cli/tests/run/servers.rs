@@ -67,6 +67,9 @@ impl Postgres {
         // No TCP: a socket in the test's own directory.
         c.arg("-D").arg(&data).arg("-k").arg(&dir);
         c.args(["-c", "listen_addresses=", "-c", "shared_buffers=16MB", "-c", "fsync=off"]);
+        // Dynamic shared memory in files of the data directory, which goes
+        // with the test's: in /dev/shm a killed server's segments stayed.
+        c.args(["-c", "dynamic_shared_memory_type=mmap"]);
         c.env("ZMEM_PRELOAD", preload()).env("ZMEM_STATS_DIR", &stats).env("ZMEM_STATS_INTERVAL_MS", "50");
         // The server's log and zmem's warnings, in a file: a pipe nobody
         // reads would fill and stop the server.
@@ -149,10 +152,22 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
     let evicted = pager_max(&pg.stats, "evicted_folios");
     assert!(evicted > 500, "the backend's sort was not evicted ({evicted} folios)");
     // Every process of the tree joined it (a segment it could not open
-    // would have left its peak at 0 in that process's stats).
+    // would have left its peak at 0 in that process's stats). The limit is
+    // soft as memory.high is: a fault over it waits for reclaim 20 ms at
+    // the most, so on a machine whose CPUs are all busy usage runs past it
+    // by what the backend faults in meanwhile; and each process forked
+    // from the postmaster counts what it inherited (~0.7-1 MiB each) until
+    // its reclaim finds it shared. Measured beside two busy loops on two
+    // CPUs: 49.3-58.1 MB in 28 runs, against ~49.4 MB on a quiet machine;
+    // the sorting backend maps ~85 MB.
     let peak = tree_peak(&pg.stats);
-    eprintln!("evicted {evicted} folios; the tree's peak usage {} KiB", peak >> 10);
-    assert!(peak > 0 && peak <= 52 << 20, "the tree's peak usage {peak} B is off its 48 MiB limit");
+    eprintln!(
+        "evicted {evicted} folios; the tree's peak usage {} KiB; soft {} waits {}",
+        peak >> 10,
+        pager_max(&pg.stats, "limit_soft_events"),
+        pager_max(&pg.stats, "direct_reclaim_waits")
+    );
+    assert!(peak > 0 && peak <= 60 << 20, "the tree's peak usage {peak} B is off its 48 MiB limit");
     let st = pg.stop();
     let log = std::fs::read_to_string(pg.dir.join("server.log")).unwrap();
     assert!(st.success(), "zmem run: {st:?}; {log}");
