@@ -10,6 +10,9 @@ use anyhow::{bail, Context, Result};
 use zmem_settings::Settings;
 use zmem_uffd::tree::Tree;
 
+// The doc comments are `--help`'s text, where `zstd[:LEVEL]` is syntax, not a
+// rustdoc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
 ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \

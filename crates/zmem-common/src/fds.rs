@@ -63,7 +63,7 @@ pub fn keep(fd: RawFd) {
 static FOR_GOOD: [AtomicI32; 4] = [const { AtomicI32::new(-1) }; 4];
 
 /// Keeps `fd` from the program's `close` family for good (see
-/// [`FOR_GOOD`]); a no-op if it is kept already.
+/// `FOR_GOOD`); a no-op if it is kept already.
 pub fn keep_for_good(fd: RawFd) {
     if fd < 0 || is_kept(fd) {
         return;

@@ -118,7 +118,7 @@ pub fn io_workers_allowed() -> bool {
 }
 
 /// The thread ids of this process's zmem threads that are running (see
-/// [`OURS`]), in `out`; returns how many.
+/// `OURS`), in `out`; returns how many.
 pub fn ours(out: &mut [i32; LISTED]) -> usize {
     let pid = std::process::id();
     let mut n = 0;

@@ -2,7 +2,7 @@
 //! `include/zmem.h`.
 //!
 //! `zmem run -- CMD` starts CMD with this library preloaded. It places the
-//! program's anonymous memory under one in-process [`Pager`]:
+//! program's anonymous memory under one in-process [`zmem_uffd::Pager`]:
 //!
 //! - `mmap(NULL, len, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0)`
 //!   with `len >= ZMEM_THRESHOLD` (jemalloc, Python's arenas, most

@@ -191,7 +191,7 @@ impl Tier {
     /// folio; one result per request, in order.
     ///
     /// With a compressor that runs beside the caller (the engines, a
-    /// device: [`BatchCompressor::runs_beside`]), every folio is classified,
+    /// device: [`zmem_compress::BatchCompressor::runs_beside`]), every folio is classified,
     /// then the pages of all of them are submitted before the first batch
     /// is waited on, so they compress at once on every engine while this
     /// thread runs its own share (a reclaim pass that stored folio by folio

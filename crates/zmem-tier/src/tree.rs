@@ -32,7 +32,7 @@ pub const SHARDS: usize = 64;
 /// Keys per block: the pages of a 64 KiB folio.
 pub const BLOCK: usize = 16;
 
-/// The largest pool id an entry can name (15 bits of [`Packed`]).
+/// The largest pool id an entry can name (15 bits of a packed entry).
 pub const MAX_POOL_ID: u32 = (1 << 15) - 1;
 
 /// The memory one block costs: the block itself and its slot in the

@@ -194,7 +194,7 @@ impl Tree {
 
     /// Opens the segment at `path` by its name, or where this process
     /// may not (it dropped privileges since `zmem run` made it), through a
-    /// descriptor of it that it inherited (see [`inherited`]).
+    /// descriptor of it that it inherited (see `inherited`).
     ///
     /// # Errors
     /// The file cannot be opened or mapped, or is not a segment.

@@ -42,6 +42,9 @@ use kernel::{debugfs_zswap, kernel_rejects, vmstat, KernelSetup};
 use report::{chart, print_table, RunReport};
 pub use worker::{worker, WorkerArgs, WorkerReport};
 
+// The doc comments are `--help`'s text, where `zstd[:LEVEL]` is syntax, not a
+// rustdoc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Worker processes.
