@@ -30,9 +30,7 @@ fn madvise_dontneed_drops_evicted_entries() {
     }
     // Region::drop frees the entries of evicted folios; those of the dropped
     // range must already be gone, or they would be left behind here.
-    drop(r);
-    let t = p.tier().stats();
-    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
+    drop_and_check_no_entries(&p, r, "by MADV_DONTNEED or the drop");
 }
 
 #[test]
@@ -57,9 +55,7 @@ fn dropping_a_region_frees_its_entries_and_the_swap_file_serves_faults() {
     assert_eq!(s.pool_load_faults + s.swap_load_faults, s.load_faults + s.swapped_page_faults, "{s:?}");
     assert!(s.swap_load_faults > 0 && s.swap_load_fault_ns > s.swap_load_faults, "{s:?}");
     assert!(s.reclaim_store_pages >= t.zswpout && s.reclaim_store_ns > 0, "{s:?} {t:?}");
-    drop(r);
-    let t = p.tier().stats();
-    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
+    drop_and_check_no_entries(&p, r, "with the swap file in use");
 }
 
 #[test]
@@ -94,9 +90,7 @@ fn a_whole_region_mremap_moves_its_resident_and_evicted_pages() {
     for pg in 0..r.len() / PAGE_SIZE {
         assert_eq!(check_page(&r, pg, 5), 0, "page {pg} after the move");
     }
-    drop(r);
-    let t = p.tier().stats();
-    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "{t:?}");
+    drop_and_check_no_entries(&p, r, "after the move");
 }
 
 #[test]
@@ -161,18 +155,11 @@ fn munmap_and_madvise_in_the_middle_of_8_threads() {
             }
         });
     });
-    for pg in 0..pages {
-        let v = versions[pg].load(Ordering::Relaxed);
-        if v > 0 {
-            mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
-        }
-    }
+    mismatches.fetch_add(mismatched_words(&r, &versions), Ordering::Relaxed);
     let s = p.stats();
     assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
     assert!(s.evicted_folios > 0 && s.load_faults > 0, "{s:?}");
-    drop(r);
-    let t = p.tier().stats();
-    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked by madvise, munmap or drop: {t:?}");
+    drop_and_check_no_entries(&p, r, "by madvise, munmap or the drop");
 }
 
 /// The program unmaps part of a region and the kernel hands the addresses

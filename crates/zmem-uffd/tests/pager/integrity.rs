@@ -191,18 +191,11 @@ fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
             });
         }
     });
-    for pg in 0..pages {
-        let v = versions[pg].load(Ordering::Relaxed);
-        if v > 0 {
-            mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
-        }
-    }
+    mismatches.fetch_add(mismatched_words(&r, &versions), Ordering::Relaxed);
     let s = p.stats();
     assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
     assert!(s.evicted_folios > 0 && s.load_faults > 0, "{s:?}");
-    drop(r);
-    let t = p.tier().stats();
-    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked: {t:?}");
+    drop_and_check_no_entries(&p, r, "by the drop");
 }
 
 /// Issue 11, finding 4: a page that failed to load read as zeros. Now it is

@@ -65,3 +65,22 @@ fn stats_when(p: &Pager, ready: impl Fn(&zmem_uffd::PagerStats) -> bool) -> zmem
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// The words that differ, over every page written (version above 0), from
+/// its last version: zeros where it was dropped (`DROPPED`).
+fn mismatched_words(r: &Region, versions: &[AtomicU32]) -> usize {
+    (0..versions.len())
+        .map(|pg| match versions[pg].load(Ordering::Relaxed) {
+            0 => 0,
+            v => check_or_zero(r, pg, v),
+        })
+        .sum()
+}
+
+/// Drops `r` (the region, or the last handle on it) and checks that the
+/// tier keeps no entry of it: none was leaked by `what` or by the drop.
+fn drop_and_check_no_entries<R>(p: &Pager, r: R, what: &str) {
+    drop(r);
+    let t = p.tier().stats();
+    assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked {what}: {t:?}");
+}
