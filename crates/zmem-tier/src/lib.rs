@@ -17,15 +17,10 @@
 //! | `pool.rs`, `entry.rs`, `tree.rs`, `lru.rs` | a refcounted compressor+zs pool; entries; the sharded tree; the LRU |
 //! | `config.rs`, `error.rs`, `stats.rs` | settings, errors, counters (zswap's debugfs names) |
 //!
-//! # Lock order (outermost first)
-//! 1. `shrink_lock`: one shrinker at a time.
-//! 2. a tree shard (`tree.rs`); never two at once.
-//! 3. inside a shard: a zs pool class lock (map/malloc/free), a codec
-//!    context pool, the swap file's slot table. Each is a leaf.
-//!
-//! The LRU's mutex and the `current` pool lock are leaves too: they are
-//! never held while taking any other lock. Pools are dropped (their last
-//! `Arc` released) only after the shard lock is let go.
+//! # Lock order
+//! The tier's locks are steps 3 to 6 of the project's one lock order
+//! (ARCHITECTURE.md, "Lock order"): `shrink_lock`, a tree shard, then a
+//! leaf inside it; the LRU's mutex and the `current` pool lock are leaves.
 //!
 //! # Entry lifecycle
 //! ```text

@@ -63,13 +63,10 @@
 //! stop waiting, until a pass evicts again.
 //!
 //! # Lock order
-//! 1. a folio stripe lock (one of 256, by folio index); never two at once;
-//! 2. inside it: the tier (its own order); the `dropped`, `held`, `staged`
-//!    and reclaim lists' mutexes (leaves).
-//!
-//! The regions table is an `RwLock`, read by the handler, written by
-//! map/unmap, never held across a stripe lock or a tier call. No lock is
-//! held across a userfaultfd ioctl that can fail with EAGAIN.
+//! The pager's locks are steps 1 and 2 of the project's one lock order
+//! (ARCHITECTURE.md, "Lock order"): `events`, then a folio stripe lock
+//! (never two), then the tier; the `dropped`, `dropping`, `held` and
+//! `staged` mutexes, the reclaim lists and the regions table are leaves.
 //!
 //! # Events
 //! - `madvise(MADV_DONTNEED)` and `munmap` by the program (REMOVE, UNMAP):
