@@ -164,18 +164,30 @@ fn query_all(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
         // SAFETY: PROCMAP_QUERY reads and writes one procmap_query, and
         // writes at most vma_name_size bytes at vma_name_addr (`name`,
         // alive across the call); build_id_size is 0, so no build id.
-        match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
-            Ok(()) => {}
+        let n = match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
+            Ok(()) => (q.vma_name_size as usize).saturating_sub(1).min(name.len()),
             Err(Errno::NOENT) => return Ok(out),
-            // A name longer than the buffer: the mapping is named by a
-            // file path, so not ours to manage anyway; step over it.
+            // A name longer than the buffer is a file's path (a program or
+            // library installed deep, a clone in a long directory): the
+            // mapping is listed all the same, without it. Skipped, it hid
+            // the file mapping an ELF object's .bss follows, and the .bss
+            // was taken for the program's own memory.
             Err(Errno::NAMETOOLONG) => {
-                at = next_after(fd, at)?;
-                continue;
+                q = ProcmapQuery {
+                    size: std::mem::size_of::<ProcmapQuery>() as u64,
+                    query_flags: QUERY_COVERING_OR_NEXT_VMA,
+                    query_addr: at,
+                    ..ProcmapQuery::default()
+                };
+                // SAFETY: as above, with no name and no build id asked for.
+                match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
+                    Ok(()) => 0,
+                    Err(Errno::NOENT) => return Ok(out),
+                    Err(e) => return Err(e),
+                }
             }
             Err(e) => return Err(e),
-        }
-        let n = (q.vma_name_size as usize).saturating_sub(1).min(name.len());
+        };
         out.push(Vma {
             // A mapping that grew down over what was listed already (the
             // program changes its mappings as we read them) starts where
@@ -282,19 +294,6 @@ pub fn executable(fd: BorrowedFd<'_>, addr: u64) -> Option<bool> {
     // SAFETY: as in query_all, with no name and no build id asked for.
     unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) }.ok()?;
     Some(q.vma_flags & VMA_EXECUTABLE != 0)
-}
-
-/// The end of the mapping at or after `at`, asked without its name.
-fn next_after(fd: BorrowedFd<'_>, at: u64) -> Result<u64, Errno> {
-    let mut q = ProcmapQuery {
-        size: std::mem::size_of::<ProcmapQuery>() as u64,
-        query_flags: QUERY_COVERING_OR_NEXT_VMA,
-        query_addr: at,
-        ..ProcmapQuery::default()
-    };
-    // SAFETY: as in query_all, with no name and no build id asked for.
-    unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) }?;
-    Ok(q.vma_end)
 }
 
 /// The mappings in the text of `/proc/self/maps`.
@@ -491,6 +490,33 @@ VmFlags: rd wr mr mw me ac wfx \n";
         }
         assert!(q.iter().any(|v| v.is_stack()), "the main stack is named");
         assert!(q.windows(2).all(|w| w[0].end <= w[1].start), "in address order");
+    }
+
+    /// A file whose path is longer than the name buffer is listed, as a
+    /// file, where the text lists it: a clone in `mktemp -d` put this test
+    /// binary's own path past 64 bytes, and its .bss lost its neighbour.
+    #[test]
+    fn a_file_mapped_from_a_long_path_is_listed_as_a_file() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("zmem-vmas-long-{}-{}", std::process::id(), "d".repeat(80)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: a new read-only private mapping of our file, at an
+        // address the kernel picks: it aliases nothing.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let a = p as u64;
+        let q = mappings().unwrap();
+        let t = parse_maps(&std::fs::read_to_string("/proc/thread-self/maps").unwrap()).unwrap();
+        for v in [&q, &t] {
+            let hit = v.iter().find(|v| v.start <= a && a < v.end).expect("the file's mapping is listed");
+            assert!(hit.file && !hit.writable, "{hit:?}");
+        }
+        // SAFETY: the mapping made above, no reference into it left.
+        unsafe { libc::munmap(p, 8192) };
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// 1 MiB of this test binary's .bss.
