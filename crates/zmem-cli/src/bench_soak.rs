@@ -117,7 +117,7 @@ pub fn run(args: &Args) -> Result<()> {
     if args.threads == 0 || args.threads > 64 {
         bail!("--threads must be in 1..=64");
     }
-    zmem_settings::check_swapfile_dir(&args.swap_dir).map_err(|e| anyhow::anyhow!(e))?;
+    zmem_settings::check_swapfile_dir(&args.swap_dir)?;
     let c = Corpus::sample();
     let limit = args.limit_mib << 20;
     let mut cfg = PagerConfig::with_limit(limit);

@@ -131,7 +131,7 @@ pub fn run(args: &Args) -> Result<()> {
             zmem_settings::Settings::MIN_LIMIT >> 20
         );
     }
-    zmem_settings::check_swapfile_dir(&args.swap_dir).map_err(|e| anyhow::anyhow!(e))?;
+    zmem_settings::check_swapfile_dir(&args.swap_dir)?;
     let swap_bytes = match &args.swap_size {
         Some(s) => zmem_settings::parse_size(s).map_err(|e| anyhow::anyhow!("--swap-size: {e}"))?,
         None => (limit * 8).max(1 << 30),

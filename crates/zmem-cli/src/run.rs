@@ -174,7 +174,7 @@ impl Drop for TreeFile {
 pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     // The environment's ZMEM_* settings, overridden by the flags.
     // Read as bytes: other variables may hold anything.
-    let mut vars = zmem_settings::zmem_vars(std::env::vars_os()).map_err(|e| anyhow::anyhow!(e))?;
+    let mut vars = zmem_settings::zmem_vars(std::env::vars_os())?;
     let mut set = |k: &str, v: Option<String>| {
         if let Some(v) = v {
             vars.retain(|(key, _)| key != k);
@@ -205,8 +205,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
         }
     }
     // A bad value is an error here, before the program starts.
-    let settings =
-        Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| anyhow::anyhow!(e))?;
+    let settings = Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     // One limit for the whole process tree: every process the program
     // starts (fork, exec) joins this segment through ZMEM_TREE.
     let tree = TreeFile::create(settings.limit)?;

@@ -93,6 +93,19 @@ pub enum ConfigError {
     /// `field` breaks a rule that is not a range (`why` says which).
     #[error("{field}: {why}")]
     Invalid { field: &'static str, why: String },
+    /// A setting (a `ZMEM_*` variable, or the flag for it) whose value is
+    /// bad: `why` says how.
+    #[error("{name}={value}: {why}")]
+    Setting { name: String, value: String, why: String },
+    /// A `ZMEM_*` name that is not a setting, or not UTF-8.
+    #[error("{name}: {why}")]
+    Name { name: String, why: &'static str },
+    /// A size (`512M`, `1G`) that does not parse or is out of bounds.
+    #[error("`{text}` {why}")]
+    Size { text: String, why: &'static str },
+    /// A directory that cannot hold a swap file.
+    #[error("{}: {why}", dir.display())]
+    SwapDir { dir: std::path::PathBuf, why: String },
 }
 
 impl ConfigError {
@@ -102,6 +115,11 @@ impl ConfigError {
 
     pub fn invalid(field: &'static str, why: impl Into<String>) -> ConfigError {
         ConfigError::Invalid { field, why: why.into() }
+    }
+
+    /// Setting `name` is `value`, which is bad because `why`.
+    pub fn setting(name: &str, value: impl std::fmt::Display, why: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Setting { name: name.to_string(), value: value.to_string(), why: why.to_string() }
     }
 }
 

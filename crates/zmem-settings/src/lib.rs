@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use zmem_common::defaults;
+pub use zmem_common::ConfigError;
 use zmem_tier::{CodecSpec, TierConfig};
 use zmem_uffd::{AdoptConfig, PagerConfig};
 
@@ -95,8 +96,8 @@ pub fn default_stats_dir(uid: u32) -> PathBuf {
 /// `1G`, `512M`, `64K` or bytes.
 ///
 /// # Errors
-/// A message naming the bad text.
-pub fn parse_size(s: &str) -> Result<usize, String> {
+/// [`ConfigError::Size`], naming the bad text.
+pub fn parse_size(s: &str) -> Result<usize, ConfigError> {
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, 'K' | 'k')) => (&t[..i], 1usize << 10),
@@ -104,19 +105,20 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
         _ => (t, 1),
     };
-    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size (try 512M or 1G)"))?;
-    let v = n.checked_mul(mul).ok_or_else(|| format!("`{s}` is too large"))?;
+    let bad = |why| ConfigError::Size { text: s.to_string(), why };
+    let n: usize = num.parse().map_err(|_| bad("is not a size (try 512M or 1G)"))?;
+    let v = n.checked_mul(mul).ok_or_else(|| bad("is too large"))?;
     if v == 0 {
-        return Err("a size must be above zero".into());
+        return Err(bad("is not a size above zero"));
     }
     Ok(v)
 }
 
-fn parse_bool(k: &str, v: &str) -> Result<bool, String> {
+fn parse_bool(k: &str, v: &str) -> Result<bool, ConfigError> {
     match v {
         "1" | "true" | "yes" => Ok(true),
         "0" | "false" | "no" | "" => Ok(false),
-        _ => Err(format!("{k}={v}: expected 0 or 1")),
+        _ => Err(ConfigError::setting(k, v, "expected 0 or 1")),
     }
 }
 
@@ -135,21 +137,21 @@ impl Settings {
 /// Why `dir` cannot hold a swap file (not a directory, or in RAM).
 ///
 /// # Errors
-/// A message naming the directory and what to do.
-pub fn check_swapfile_dir(dir: &std::path::Path) -> Result<(), String> {
+/// [`ConfigError::SwapDir`], naming the directory and what to do.
+pub fn check_swapfile_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
+    let bad = |why: String| Err(ConfigError::SwapDir { dir: dir.to_path_buf(), why });
     if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return bad("not a directory".into());
     }
     match rustix::fs::statfs(dir) {
         // TMPFS_MAGIC, RAMFS_MAGIC: pages written back there stay in memory.
-        Ok(st) if st.f_type as u64 == 0x0102_1994 || st.f_type as u64 == 0x8584_58f6 => Err(format!(
-            "{} is in RAM (tmpfs or ramfs): written-back pages would stay in memory; \
-             pick a directory on disk with ZMEM_SWAPFILE_DIR or --swapfile, or turn writeback off \
-             with ZMEM_WRITEBACK=0 (--no-writeback)",
-            dir.display()
-        )),
+        Ok(st) if st.f_type as u64 == 0x0102_1994 || st.f_type as u64 == 0x8584_58f6 => {
+            bad("in RAM (tmpfs or ramfs): written-back pages would stay in memory; pick a directory on disk \
+             with ZMEM_SWAPFILE_DIR or --swapfile, or turn writeback off with ZMEM_WRITEBACK=0 (--no-writeback)"
+                .into())
+        }
         Ok(_) => Ok(()),
-        Err(e) => Err(format!("{}: statfs: {e}", dir.display())),
+        Err(e) => bad(format!("statfs: {e}")),
     }
 }
 
@@ -187,29 +189,33 @@ impl Settings {
     /// Settings from `ZMEM_*` pairs; other keys are ignored.
     ///
     /// # Errors
-    /// The first bad value, as `ZMEM_X=value: why`.
-    pub fn from_vars<K: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (K, V)>) -> Result<Settings, String> {
+    /// The first bad value, as [`ConfigError::Setting`] (`ZMEM_X=value:
+    /// why`) or [`ConfigError::Name`].
+    pub fn from_vars<K: AsRef<str>, V: AsRef<str>>(
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Settings, ConfigError> {
         let mut s = Settings::default();
         let (mut writeback, mut swapfile_dir) = (true, None);
         for (k, v) in vars {
             let (k, v) = (k.as_ref(), v.as_ref());
-            let size = |v: &str| parse_size(v).map_err(|e| format!("{k}={v}: {e}"));
+            let size = |v: &str| parse_size(v).map_err(|e| ConfigError::setting(k, v, e));
+            let bad = |why: &str| ConfigError::setting(k, v, why);
             match k {
                 "ZMEM_LIMIT" => s.limit = size(v)?,
                 "ZMEM_COMPRESSOR" => {
                     // A codec named is the codec used.
-                    s.compressor = v.parse().map_err(|e| format!("{k}={v}: {e}"))?;
+                    s.compressor = v.parse().map_err(|e| ConfigError::setting(k, v, e))?;
                     s.strong_compressor = None;
                 }
                 "ZMEM_RECOMPRESS" if v.trim().is_empty() => s.recompress = None,
-                "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| format!("{k}={v}: {e}"))?),
+                "ZMEM_RECOMPRESS" => s.recompress = Some(v.parse().map_err(|e| ConfigError::setting(k, v, e))?),
                 "ZMEM_MAX_POOL_PERCENT" => {
                     s.pool_balance = false;
                     s.max_pool_percent = v
                         .parse()
                         .ok()
                         .filter(|p| (1..=100).contains(p))
-                        .ok_or_else(|| format!("{k}={v}: expected a percent in 1..=100"))?;
+                        .ok_or_else(|| bad("expected a percent in 1..=100"))?;
                 }
                 "ZMEM_SWAPFILE_DIR" => swapfile_dir = Some(PathBuf::from(v)),
                 "ZMEM_WRITEBACK" => writeback = parse_bool(k, v)?,
@@ -222,33 +228,33 @@ impl Settings {
                 "ZMEM_FORK_EVENT" => s.fork_event = parse_bool(k, v)?,
                 "ZMEM_SHOW_LIMIT" => s.show_limit = parse_bool(k, v)?,
                 "ZMEM_SCAN_MS" => {
-                    let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
+                    let ms: u64 = v.parse().map_err(|_| bad("expected milliseconds"))?;
                     s.scan_interval = Duration::from_millis(ms.clamp(1, 60_000));
                 }
                 "ZMEM_FOLIO" => {
                     let f = size(v)?;
                     if !f.is_power_of_two() || !(4096..=2 << 20).contains(&f) {
-                        return Err(format!("{k}={v}: a power of two in 4K..=2M"));
+                        return Err(bad("a power of two in 4K..=2M"));
                     }
                     s.folio = f;
                 }
                 "ZMEM_FAULT_AROUND" => {
                     let f = if v.trim() == "0" { 0 } else { size(v)? };
                     if f != 0 && (!f.is_power_of_two() || f < 4096) {
-                        return Err(format!("{k}={v}: 0, or a power of two of at least 4K"));
+                        return Err(bad("0, or a power of two of at least 4K"));
                     }
                     s.fault_around = f;
                 }
                 "ZMEM_READ_AHEAD" => {
                     let r = if v.trim() == "0" { 0 } else { size(v)? };
                     if r > 64 << 20 {
-                        return Err(format!("{k}={v}: at most 64M"));
+                        return Err(bad("at most 64M"));
                     }
                     s.read_ahead = r;
                 }
                 "ZMEM_STATS_DIR" => s.stats_dir = (!v.is_empty()).then(|| PathBuf::from(v)),
                 "ZMEM_STATS_INTERVAL_MS" => {
-                    let ms: u64 = v.parse().map_err(|_| format!("{k}={v}: expected milliseconds"))?;
+                    let ms: u64 = v.parse().map_err(|_| bad("expected milliseconds"))?;
                     s.stats_interval = Duration::from_millis(ms.max(10));
                 }
                 "ZMEM_DISABLE" => s.disable = parse_bool(k, v)?,
@@ -256,20 +262,26 @@ impl Settings {
                 // Read by the logger itself (`zmem_common::init_stderr_logger`).
                 "ZMEM_LOG" => {}
                 k if k.starts_with("ZMEM_") && k != "ZMEM_PRELOAD" => {
-                    return Err(format!("{k}: unknown setting (see `zmem run --help`)"));
+                    return Err(ConfigError::Name {
+                        name: k.to_string(),
+                        why: "unknown setting (see `zmem run --help`)",
+                    });
                 }
                 _ => {}
             }
         }
         s.swapfile_dir = if writeback {
             let d = swapfile_dir.unwrap_or_else(|| PathBuf::from(Settings::DEFAULT_SWAPFILE_DIR));
-            check_swapfile_dir(&d).map_err(|e| format!("ZMEM_SWAPFILE_DIR={e}"))?;
+            check_swapfile_dir(&d).map_err(|e| match e {
+                ConfigError::SwapDir { why, .. } => ConfigError::setting("ZMEM_SWAPFILE_DIR", d.display(), why),
+                e => e,
+            })?;
             Some(d)
         } else {
             None
         };
         if s.limit < Settings::MIN_LIMIT {
-            return Err(format!("ZMEM_LIMIT={}: at least 16M", s.limit));
+            return Err(ConfigError::setting("ZMEM_LIMIT", s.limit, "at least 16M"));
         }
         if s.threshold < s.folio {
             s.threshold = s.folio;
@@ -283,7 +295,7 @@ impl Settings {
     /// As [`Settings::from_vars`].
     /// Only `ZMEM_*` variables are read, as bytes: any other variable may
     /// hold anything (a non-UTF-8 value is no error, and never a panic).
-    pub fn from_env() -> Result<Settings, String> {
+    pub fn from_env() -> Result<Settings, ConfigError> {
         Settings::from_vars(zmem_vars(std::env::vars_os())?)
     }
 
@@ -329,15 +341,18 @@ impl Settings {
 /// A `ZMEM_*` variable whose value is not UTF-8.
 pub fn zmem_vars(
     vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, ConfigError> {
     use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
     for (k, v) in vars {
         if !k.as_bytes().starts_with(b"ZMEM_") {
             continue;
         }
-        let k = k.into_string().map_err(|k| format!("{}: a ZMEM_ name that is not UTF-8", k.to_string_lossy()))?;
-        let v = v.into_string().map_err(|v| format!("{k}={}: not UTF-8", v.to_string_lossy()))?;
+        let k = k.into_string().map_err(|k| ConfigError::Name {
+            name: k.to_string_lossy().into_owned(),
+            why: "a ZMEM_ name that is not UTF-8",
+        })?;
+        let v = v.into_string().map_err(|v| ConfigError::setting(&k, v.to_string_lossy(), "not UTF-8"))?;
         out.push((k, v));
     }
     Ok(out)
@@ -384,7 +399,12 @@ mod tests {
             ("ZMEM_LIMTI", "1G", "unknown setting"),
         ] {
             let e = Settings::from_vars([(k, v)]).unwrap_err();
-            assert!(e.contains(why), "{k}={v}: {e}");
+            assert!(e.to_string().contains(why), "{k}={v}: {e}");
+            match e {
+                ConfigError::Setting { name, value, .. } => assert_eq!(name, k, "{value}"),
+                ConfigError::Name { name, .. } => assert_eq!(name, "ZMEM_LIMTI"),
+                e => panic!("{k}={v}: {e:?} names no setting"),
+            }
         }
     }
 
@@ -419,7 +439,7 @@ mod tests {
             vec![(OsString::from("LANG_X"), bad()), (bad(), OsString::from("1")), ("ZMEM_LIMIT".into(), "64M".into())];
         let v = zmem_vars(env).unwrap();
         assert_eq!(v, [("ZMEM_LIMIT".to_string(), "64M".to_string())]);
-        let e = zmem_vars(vec![(OsString::from("ZMEM_LIMIT"), bad())]).unwrap_err();
+        let e = zmem_vars(vec![(OsString::from("ZMEM_LIMIT"), bad())]).unwrap_err().to_string();
         assert!(e.contains("ZMEM_LIMIT") && e.contains("not UTF-8"), "{e}");
     }
 }
