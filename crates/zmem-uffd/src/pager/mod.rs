@@ -8,12 +8,21 @@
 //! | file | what |
 //! |---|---|
 //! | `region.rs` | regions and their folio tables; `Pager::map`; unmapping |
-//! | `fault.rs` | the handler loop: read events and faults, serve faults (zero-fill, load, poison) |
+//! | `fault.rs` | the handler loop: read events and faults, serve each by folio state, load |
+//! | `readahead.rs` | the streams a handler follows; folios loaded or zero-filled ahead |
+//! | `install.rs` | COPYs of loaded or zeroed folios, poisoned pages, residency bookkeeping |
+//! | `follow.rs`, `spin.rs` | the handler beside the faulting thread; when it busy-polls |
 //! | `events.rs` | REMOVE/UNMAP (`drop_range`) and REMAP |
+//! | `uaccess.rs` | managed pages the kernel may find unmapped (user-mode-only userfaultfd) |
 //! | `lru.rs` | the active, inactive, once and unevictable lists; `isolate_folios` |
 //! | `reclaim.rs` | the reclaim thread: isolate, MOVE out, store, finish or hold |
-//! | `accounting.rs` | usage, watermarks, the fault throttle |
+//! | `staging.rs` | the staging area reclaim MOVEs a batch into |
+//! | `direct.rs` | faults waiting for reclaim store folios of its pass |
+//! | `accounting.rs` | usage, watermarks, the fault throttle, the tree's share |
 //! | `balance.rs` | the pool's share of the limit, moved by what misses cost |
+//! | `codec.rs` | the codec of new stores: the fast one, or a stronger one |
+//! | `adopt.rs` | memory the program mapped itself, adopted by mapping |
+//! | `fork.rs`, `handover.rs` | fork with load-back; fork with the child taking its pages over |
 //! | `stats.rs`, `config.rs` | counters; settings and errors |
 //!
 //! # Folio states (`Folio`)
@@ -115,7 +124,9 @@ mod fault;
 mod follow;
 mod fork;
 mod handover;
+mod install;
 mod lru;
+mod readahead;
 mod reclaim;
 mod region;
 mod spin;

@@ -96,7 +96,7 @@ pub struct PagerStats {
     pub fork_handovers: u64,
     pub fork_child_faults: u64,
     pub fork_imported_pages: u64,
-    /// Folios loaded ahead of sequential faults (`fault.rs`, `ReadAhead`).
+    /// Folios loaded ahead of sequential faults (`readahead.rs`, `ReadAhead`).
     pub readahead_folios: u64,
     /// Never-touched folios given zeros ahead of sequential write faults.
     pub zero_ahead_folios: u64,
