@@ -60,7 +60,7 @@ pub(super) struct RegionState {
     /// Pages of a Resident folio that a partial load left in the tier (bit
     /// `i`: page `i` of the folio), as a PTE holding a swap entry: not
     /// mapped, their entries the only copy. A fault on one loads it
-    /// (`fault.rs`, `FaultAround`). Zero for a folio in any other state;
+    /// (`Inner::load_pages`, `PagerConfig::fault_around`). Zero for a folio in any other state;
     /// written under the folio's stripe lock, through `Inner::set_swapped`
     /// and `Inner::clear_swapped`, which keep `Inner::swapped_pages`.
     pub(super) swapped: Box<[AtomicU64]>,
