@@ -21,6 +21,7 @@ mod bench_fault;
 mod bench_sigbus;
 #[allow(unsafe_code)]
 mod bench_soak;
+mod bench_start;
 mod bench_tier;
 mod bench_zsmalloc;
 mod compare;
@@ -87,6 +88,9 @@ enum BenchCmd {
     /// Verified reads and writes of a region several times the limit, under
     /// munmap, madvise, mremap, compressor switches and injected faults.
     Soak(bench_soak::Args),
+    /// What a short program pays to start and exit under `zmem run` while
+    /// memory is plentiful, against the same program as is, alternated.
+    Start(bench_start::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -113,6 +117,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { what: BenchCmd::Fault(args) } => bench_fault::run(&args),
         Cmd::Bench { what: BenchCmd::Sigbus(args) } => bench_sigbus::run(&args),
         Cmd::Bench { what: BenchCmd::Soak(args) } => bench_soak::run(&args),
+        Cmd::Bench { what: BenchCmd::Start(args) } => bench_start::run(&args),
         Cmd::Usemem(args) => usemem::run(&args),
         Cmd::Compare(args) => compare::run(&args),
         Cmd::Run(_) => unreachable!("handled in main"),
@@ -171,6 +176,7 @@ fn main() -> ExitCode {
                     | BenchCmd::Tier(_)
                     | BenchCmd::Fault(_)
                     | BenchCmd::Sigbus(_)
+                    | BenchCmd::Start(_)
             }
     ) {
         die_quietly_on_a_closed_pipe();

@@ -369,3 +369,19 @@ fn a_non_utf8_environment_and_arguments_pass_through() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok 64"), "{}", text(&o));
 }
+
+/// `zmem bench start` runs a short program as is and under `zmem run`,
+/// alternated, and reports both times and the difference; a run count of
+/// 0 is an error.
+#[test]
+fn bench_start_reports_the_cost_of_starting_under_zmem_against_native() {
+    let o = zmem(&["bench", "start", "--runs", "2", "--json", "--", "/usr/bin/python3", "-c", "pass"], &[], 120);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["runs"], 2, "{v}");
+    for k in ["native_ms_median", "zmem_ms_median", "native_ms_min", "zmem_ms_min", "zmem_vs_native"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
+    }
+    let o = zmem(&["bench", "start", "--runs", "0"], &[], 30);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--runs"), "{}", text(&o));
+}
