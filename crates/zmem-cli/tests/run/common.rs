@@ -330,6 +330,17 @@ pub(crate) fn pager_max(dir: &Path, key: &str) -> u64 {
     stats_max(dir, |v| v["pager"][key].as_u64())
 }
 
+/// The most a tree's peak usage may pass its `limit` by in these tests: a
+/// quarter. The limit is soft as memory.high is: a fault over it waits
+/// for reclaim 20 ms at the most, and on a machine whose two CPUs are
+/// busy (the test binary runs two tests at once, and CI builds beside
+/// them) reclaim runs late. Measured: PostgreSQL under 48M peaked at
+/// 49.2-50.9 MB alone and up to 58.1 MB beside two busy loops; memcached
+/// under 24M at 27.4 MB beside a build.
+pub(crate) fn tree_slack(limit: u64) -> u64 {
+    limit + limit / 4
+}
+
 /// The tree's peak usage, from the stats files in `dir`.
 pub(crate) fn tree_peak(dir: &Path) -> u64 {
     stats_max(dir, |v| v["tree"]["peak_usage_bytes"].as_u64())

@@ -152,14 +152,10 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
     let evicted = pager_max(&pg.stats, "evicted_folios");
     assert!(evicted > 500, "the backend's sort was not evicted ({evicted} folios)");
     // Every process of the tree joined it (a segment it could not open
-    // would have left its peak at 0 in that process's stats). The limit is
-    // soft as memory.high is: a fault over it waits for reclaim 20 ms at
-    // the most, so on a machine whose CPUs are all busy usage runs past it
-    // by what the backend faults in meanwhile; and each process forked
-    // from the postmaster counts what it inherited (~0.7-1 MiB each) until
-    // its reclaim finds it shared. Measured beside two busy loops on two
-    // CPUs: 49.3-58.1 MB in 28 runs, against ~49.4 MB on a quiet machine;
-    // the sorting backend maps ~85 MB.
+    // would have left its peak at 0 in that process's stats). Besides the
+    // slack of `tree_slack`, each process forked from the postmaster counts
+    // what it inherited (~0.7-1 MiB) until its reclaim finds it shared.
+    // The sorting backend maps ~85 MB.
     let peak = tree_peak(&pg.stats);
     eprintln!(
         "evicted {evicted} folios; the tree's peak usage {} KiB; soft {} waits {}",
@@ -167,7 +163,7 @@ fn postgres_sorts_past_the_tree_limit_and_agrees_with_a_sort_on_disk() {
         pager_max(&pg.stats, "limit_soft_events"),
         pager_max(&pg.stats, "direct_reclaim_waits")
     );
-    assert!(peak > 0 && peak <= 60 << 20, "the tree's peak usage {peak} B is off its 48 MiB limit");
+    assert!(peak > 0 && peak <= tree_slack(48 << 20), "the tree's peak usage {peak} B is off its 48 MiB limit");
     let st = pg.stop();
     let log = std::fs::read_to_string(pg.dir.join("server.log")).unwrap();
     assert!(st.success(), "zmem run: {st:?}; {log}");
@@ -507,7 +503,7 @@ fn memcached_threads_store_and_serve_every_value_under_a_third_of_their_size() {
     let evicted = pager_max(&stats, "evicted_folios");
     assert!(evicted > 1000, "evicted {evicted} folios: memcached's slabs were not managed; {}", text(&o));
     let peak = tree_peak(&stats);
-    assert!(peak > 0 && peak <= 26 << 20, "the tree's peak usage {peak} B is off its 24 MiB limit");
+    assert!(peak > 0 && peak <= tree_slack(24 << 20), "the tree's peak usage {peak} B is off its 24 MiB limit");
 }
 
 /// OpenSSH's server, a forking server that sandboxes its
