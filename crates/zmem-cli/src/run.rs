@@ -472,6 +472,44 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json
     }
 }
 
+/// The Prometheus text exposition of a stats file's numeric leaves `l`:
+/// one family per field, `zmem_` and its dotted path with `_`, each with a
+/// HELP and a TYPE line before its samples, every sample labelled with the
+/// process's pid. The tier's fields carry its counter or gauge type and
+/// help (`zmem_tier::stats::describe`); the others are `untyped`, as the
+/// format allows. A list of numbers (`pager.refault_distance`) is one
+/// series per element, labelled with its index as `bucket`. Strings,
+/// booleans and the pid itself are left out.
+fn prometheus(l: &[(String, serde_json::Value)], pid: u32) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for (k, v) in l {
+        let samples: Vec<(String, f64)> = if let Some(n) = v.as_f64() {
+            vec![(format!("pid=\"{pid}\""), n)]
+        } else if let Some(a) = v.as_array() {
+            a.iter()
+                .enumerate()
+                .filter_map(|(i, x)| Some((format!("pid=\"{pid}\",bucket=\"{i}\""), x.as_f64()?)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if samples.is_empty() || k == "pid" {
+            continue;
+        }
+        let name = format!("zmem_{}", k.replace('.', "_"));
+        let (kind, help) = match k.strip_prefix("tier.").and_then(zmem_tier::stats::describe) {
+            Some((kind, help)) => (kind, help.to_string()),
+            None => ("untyped", format!("zmem stats field {k}")),
+        };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, n) in samples {
+            let _ = writeln!(out, "{name}{{{labels}}} {n}");
+        }
+    }
+    out
+}
+
 /// The `ZMEM_STATS_DIR` process `pid` started with, if it had one and its
 /// environment can be read (this user's process, or root): `zmem stats
 /// PID` then needs no `--dir`. (`zmem run` makes the directory absolute.)
@@ -503,20 +541,7 @@ pub fn stats(args: &StatsArgs) -> Result<()> {
     let mut l = Vec::new();
     leaves("", &v, &mut l);
     if args.prometheus {
-        for (k, v) in &l {
-            let name = k.replace('.', "_");
-            if let Some(n) = v.as_f64() {
-                if k != "pid" {
-                    println!("zmem_{name}{{pid=\"{}\"}} {n}", args.pid);
-                }
-            } else if let Some(a) = v.as_array() {
-                // A counter per bucket (`pager.refault_distance`): one
-                // series each, labelled with its index.
-                for (i, n) in a.iter().enumerate().filter_map(|(i, x)| Some((i, x.as_f64()?))) {
-                    println!("zmem_{name}{{pid=\"{}\",bucket=\"{i}\"}} {n}", args.pid);
-                }
-            }
-        }
+        print!("{}", prometheus(&l, args.pid));
         return Ok(());
     }
     let age = v["updated_unix_ms"].as_u64().map(|t| {

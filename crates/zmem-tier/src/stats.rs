@@ -136,6 +136,12 @@ const HELP: &[(&str, &str, &str)] = &[
     ("memory_bytes", "gauge", "Resident bytes held by the tier"),
 ];
 
+/// The Prometheus type (`counter` or `gauge`) and help text of the stat
+/// `name` (a field of [`TierStats`]), for any writer of these stats.
+pub fn describe(name: &str) -> Option<(&'static str, &'static str)> {
+    HELP.iter().find(|(n, _, _)| *n == name).map(|&(_, kind, help)| (kind, help))
+}
+
 impl TierStats {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("plain struct serializes")
@@ -165,5 +171,7 @@ mod tests {
         assert!(text.contains("zmem_stored_pages 7\n"));
         assert!(text.contains("# TYPE zmem_zswpwb counter\nzmem_zswpwb 3\n"));
         assert!(s.to_json().contains("\"written_back_pages\": 0"));
+        assert_eq!(describe("zswpwb"), Some(("counter", "Pages written back")));
+        assert_eq!(describe("no_such_stat"), None);
     }
 }

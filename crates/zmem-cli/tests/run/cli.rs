@@ -243,6 +243,7 @@ fn zmem_stats_reads_a_running_process() {
     assert!(p.contains(&format!("zmem_pager_evicted_folios{{pid=\"{pid}\"}}")), "{p}");
     // A bucketed counter: one series per bucket.
     assert!(p.contains(&format!("zmem_pager_refault_distance{{pid=\"{pid}\",bucket=\"6\"}}")), "{p}");
+    check_exposition(&p, pid);
     // The process tree that shares the limit, with this process in it.
     assert_eq!(v["tree"]["limit"], 32 << 20, "{v}");
     let members = v["tree"]["processes"].as_array().unwrap();
@@ -384,4 +385,44 @@ fn bench_start_reports_the_cost_of_starting_under_zmem_against_native() {
     }
     let o = zmem(&["bench", "start", "--runs", "0"], &[], 30);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--runs"), "{}", text(&o));
+}
+
+/// `text` is Prometheus's text exposition format as a scraper reads it:
+/// every family named as the format allows, with one HELP and one TYPE
+/// line before its first sample and none after; every sample labelled with
+/// `pid`; and a parser of the format reads the same samples, with the
+/// tier's counters typed as counters.
+fn check_exposition(text: &str, pid: &str) {
+    use std::collections::HashMap;
+    let valid = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let (mut help, mut kind) = (HashMap::new(), HashMap::new());
+    let mut samples = 0;
+    for line in text.lines() {
+        let words: Vec<&str> = line.splitn(4, ' ').collect();
+        match words.as_slice() {
+            ["#", "HELP", name, _] => assert!(help.insert(*name, ()).is_none(), "a second HELP: {line}"),
+            ["#", "TYPE", name, t] => {
+                assert!(["counter", "gauge", "untyped"].contains(t), "{line}");
+                assert!(kind.insert(*name, *t).is_none(), "a second TYPE: {line}");
+            }
+            _ => {
+                let name = &line[..line.find('{').expect("labels")];
+                assert!(valid(name), "metric name {name:?}");
+                assert!(
+                    help.contains_key(name) && kind.contains_key(name),
+                    "a sample before its HELP and TYPE: {line}"
+                );
+                assert!(line.contains(&format!("pid=\"{pid}\"")), "{line}");
+                samples += 1;
+            }
+        }
+    }
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("it parses");
+    assert_eq!(scrape.samples.len(), samples, "the parser read every sample");
+    let zswpout = scrape.samples.iter().find(|s| s.metric == "zmem_tier_zswpout").expect("zmem_tier_zswpout");
+    assert!(matches!(zswpout.value, prometheus_parse::Value::Counter(n) if n > 0.0), "{:?}", zswpout.value);
+    assert_eq!(scrape.docs.get("zmem_tier_zswpout").map(String::as_str), Some("Pages stored"));
 }
