@@ -35,23 +35,12 @@ fn gaps() -> std::sync::MutexGuard<'static, ()> {
     GAPS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Whether the caller, test `name`, runs its body here: true in the child
-/// process this starts, where it is the only test; false in the parent,
-/// which waits for that child and fails with it. A test that leaves a gap
-/// in its mapping and maps it again needs a process of its own: `GAPS`
-/// keeps other tests from making a pager meanwhile, but a running pager's
-/// pool maps pages too, and once in 8 runs of this binary one took a
-/// 5-page gap before the test could map it again.
-fn alone(name: &str) -> bool {
-    if child::in_child() {
-        return true;
-    }
-    let o = child::run_child(name);
-    let out = format!("stdout: {}\nstderr: {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "{name}, alone in a child process: {:?}\n{out}", o.status);
-    assert!(out.contains("1 passed"), "{name} did not run in its child process\n{out}");
-    false
-}
+// A test that leaves a gap in its mapping and maps it again runs `alone`
+// (common/child.rs), in a process of its own: `GAPS` keeps other tests
+// from making a pager meanwhile, but a running pager's pool maps pages
+// too, and once in 8 runs of this binary one took a 5-page gap before the
+// test could map it again.
+use child::alone;
 
 /// A pager, made while no test has a gap open (`GAPS`).
 fn new_pager(cfg: PagerConfig) -> Pager {

@@ -20,3 +20,19 @@ pub fn run_child(name: &str) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+/// Whether this test should run here: in the child process, yes; in the
+/// test binary's own process, the test is run again alone in a child
+/// ([`run_child`]), which must pass, and the caller returns. For a test
+/// that other tests in its process would disturb: their forks share its
+/// pages with children of theirs, their pagers map pages into its gaps.
+pub fn alone(name: &str) -> bool {
+    if in_child() {
+        return true;
+    }
+    let o = run_child(name);
+    let out = format!("stdout: {}\nstderr: {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{name}, alone in a child process: {:?}\n{out}", o.status);
+    assert!(out.contains("1 passed"), "{name} did not run in its child process\n{out}");
+    false
+}

@@ -292,6 +292,12 @@ fn a_forked_child_sees_every_page_and_the_two_diverge() {
 /// compressed again.
 #[test]
 fn after_a_fork_that_execs_the_folios_loaded_back_go_out_again_without_compressing() {
+    // Alone: another test's fork in this process shares these pages with a
+    // child of its own, and they stay set aside as shared, uncharged and
+    // never evicted, while it lives (1 run in 10 beside a build).
+    if !alone("events::after_a_fork_that_execs_the_folios_loaded_back_go_out_again_without_compressing") {
+        return;
+    }
     let _wd = watchdog("fork-exec", 120);
     let mut cfg = PagerConfig::with_limit(4 << 20);
     cfg.keep_on_fork = true;

@@ -19,7 +19,7 @@ mod hotness;
 mod integrity;
 mod staging;
 
-use child::{in_child, run_child};
+use child::{alone, in_child, run_child};
 use common::watchdog;
 use pages::{check_page, write_page, WORDS};
 use zmem_uffd::mapping::PAGE_SIZE;
