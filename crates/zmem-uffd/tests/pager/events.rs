@@ -106,30 +106,14 @@ fn munmap_and_madvise_in_the_middle_of_8_threads() {
         for t in 0..8usize {
             let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
             s.spawn(move || {
-                let mut x = (t as u64 + 7) * 0x9E37_79B9;
-                for _ in 0..1200 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let pg = ((x as usize >> 8) % (pages / 8)) * 8 + t;
-                    let v = versions[pg].load(Ordering::Relaxed);
-                    if x % 29 == 0 && v != 0 {
-                        // Drop the page, resident or evicted: it reads as
-                        // zeros from now on, never as its old entry.
-                        let a = r.addr() as usize + pg * PAGE_SIZE;
-                        // SAFETY: one page of our region, reached only
-                        // through atomics; its owner thread is this one.
-                        unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }
-                            .unwrap();
-                        versions[pg].store(DROPPED, Ordering::Relaxed);
-                    } else if x & 3 == 0 || v == 0 {
-                        let nv = if v == DROPPED { 1 } else { v + 1 };
-                        write_page(&r, pg, nv);
-                        versions[pg].store(nv, Ordering::Relaxed);
-                    } else {
-                        mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
-                    }
-                }
+                let w = Walk {
+                    seed: (t as u64 + 7) * 0x9E37_79B9,
+                    rounds: 1200,
+                    drop_one_in: 29,
+                    drop_unwritten: false,
+                    write_mask: 3,
+                };
+                mismatches.fetch_add(random_walk(&r, &versions, t, 8, &w), Ordering::Relaxed);
             });
         }
         // Meanwhile a second region is filled (forcing eviction of both),

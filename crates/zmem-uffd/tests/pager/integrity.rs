@@ -166,28 +166,14 @@ fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
         for t in 0..threads {
             let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
             s.spawn(move || {
-                let mut x = (t as u64 + 11).wrapping_mul(0x2545_F491_4F6C_DD1D);
-                for _ in 0..6000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let pg = ((x as usize >> 8) % (pages / threads)) * threads + t;
-                    let v = versions[pg].load(Ordering::Relaxed);
-                    if x % 3 == 0 {
-                        let a = r.addr() as usize + pg * PAGE_SIZE;
-                        // SAFETY: one page of our region, reached only
-                        // through atomics; its owner thread is this one.
-                        unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }
-                            .unwrap();
-                        versions[pg].store(DROPPED, Ordering::Relaxed);
-                    } else if x & 1 == 0 || v == 0 {
-                        let nv = if v == DROPPED { 1 } else { v + 1 };
-                        write_page(&r, pg, nv);
-                        versions[pg].store(nv, Ordering::Relaxed);
-                    } else {
-                        mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
-                    }
-                }
+                let w = Walk {
+                    seed: (t as u64 + 11).wrapping_mul(0x2545_F491_4F6C_DD1D),
+                    rounds: 6000,
+                    drop_one_in: 3,
+                    drop_unwritten: true,
+                    write_mask: 1,
+                };
+                mismatches.fetch_add(random_walk(&r, &versions, t, threads, &w), Ordering::Relaxed);
             });
         }
     });
@@ -384,29 +370,14 @@ fn rejected_folios_with_holes_are_held_and_read_back() {
         for t in 0..threads {
             let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
             s.spawn(move || {
-                let mut x = (t as u64 + 3).wrapping_mul(0x2545_F491_4F6C_DD1D);
-                for _ in 0..6000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let pg = ((x as usize >> 8) % (pages / threads)) * threads + t;
-                    let v = versions[pg].load(Ordering::Relaxed);
-                    if x % 5 == 0 && v != 0 {
-                        // A hole in a resident folio.
-                        let a = r.addr() as usize + pg * PAGE_SIZE;
-                        // SAFETY: one page of our region, reached only
-                        // through atomics; its owner thread is this one.
-                        unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }
-                            .unwrap();
-                        versions[pg].store(DROPPED, Ordering::Relaxed);
-                    } else if x & 3 == 0 || v == 0 {
-                        let nv = if v == DROPPED { 1 } else { v + 1 };
-                        write_page(&r, pg, nv);
-                        versions[pg].store(nv, Ordering::Relaxed);
-                    } else {
-                        mismatches.fetch_add(check_or_zero(&r, pg, v), Ordering::Relaxed);
-                    }
-                }
+                let w = Walk {
+                    seed: (t as u64 + 3).wrapping_mul(0x2545_F491_4F6C_DD1D),
+                    rounds: 6000,
+                    drop_one_in: 5,
+                    drop_unwritten: false,
+                    write_mask: 3,
+                };
+                mismatches.fetch_add(random_walk(&r, &versions, t, threads, &w), Ordering::Relaxed);
             });
         }
     });

@@ -84,3 +84,47 @@ fn drop_and_check_no_entries<R>(p: &Pager, r: R, what: &str) {
     let t = p.tier().stats();
     assert_eq!((t.stored_pages, t.swap_pages), (0, 0), "entries leaked {what}: {t:?}");
 }
+
+/// How a [`random_walk`] worker treats the pages it picks.
+struct Walk {
+    /// The xorshift state it starts from.
+    seed: u64,
+    rounds: usize,
+    /// One pick in this many drops its page (`MADV_DONTNEED`).
+    drop_one_in: u64,
+    /// Whether a page never written may be dropped too.
+    drop_unwritten: bool,
+    /// A pick not dropped writes the page's next version where
+    /// `x & write_mask == 0` (and where it was never written), else checks it.
+    write_mask: u64,
+}
+
+/// A random walk by thread `t` of `threads` over its own pages of `r`
+/// (every `threads`th), as `w` says, recording each page's last version in
+/// `versions` (`DROPPED`: it reads as zeros). Returns the words it found
+/// different from what was last written.
+fn random_walk(r: &Region, versions: &[AtomicU32], t: usize, threads: usize, w: &Walk) -> usize {
+    let pages = versions.len();
+    let (mut x, mut mismatches) = (w.seed, 0);
+    for _ in 0..w.rounds {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let pg = ((x as usize >> 8) % (pages / threads)) * threads + t;
+        let v = versions[pg].load(Ordering::Relaxed);
+        if x % w.drop_one_in == 0 && (w.drop_unwritten || v != 0) {
+            let a = r.addr() as usize + pg * PAGE_SIZE;
+            // SAFETY: one page of our region, reached only through
+            // atomics; its owner thread is this one.
+            unsafe { rustix::mm::madvise(a as *mut _, PAGE_SIZE, rustix::mm::Advice::LinuxDontNeed) }.unwrap();
+            versions[pg].store(DROPPED, Ordering::Relaxed);
+        } else if x & w.write_mask == 0 || v == 0 {
+            let nv = if v == DROPPED { 1 } else { v + 1 };
+            write_page(r, pg, nv);
+            versions[pg].store(nv, Ordering::Relaxed);
+        } else {
+            mismatches += check_or_zero(r, pg, v);
+        }
+    }
+    mismatches
+}
