@@ -66,7 +66,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use zmem_common::kb_field;
 
-use crate::usemem::kernel::{debugfs_zswap, KernelSetup};
+use crate::usemem::kernel::{debugfs_zswap, vmstat, KernelSetup};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -117,6 +117,12 @@ struct Outcome {
     /// The kernel's run: the cgroup's `memory.max_usage_in_bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup_peak_bytes: Option<u64>,
+    /// Pages brought back from the pool or the swap file: zswap's and
+    /// swap's `zswpin` + `pswpin` from /proc/vmstat over the kernel's run,
+    /// zmem's the same counters summed over its processes' stats files
+    /// (`Loads`). None for the native run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loads: Option<u64>,
     exit_ok: bool,
     exit_status: String,
 }
@@ -142,12 +148,16 @@ pub fn run(args: &Args) -> Result<()> {
     out.push(measure("native", native, None)?);
 
     let me = std::env::current_exe().context("the zmem binary")?;
-    let zmem = |limit: &str| {
+    let zmem = |config: &str, limit: &str| -> Result<Outcome> {
+        let loads = Loads::zmem()?;
         let mut c = Command::new(&me);
         c.args(["run", "--limit", limit, "--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
-        c
+        loads.set_env(&mut c);
+        let mut o = measure(config, c, None)?;
+        o.loads = loads.count();
+        Ok(o)
     };
-    out.push(measure("zmem", zmem(&args.limit), None)?);
+    out.push(zmem("zmem", &args.limit)?);
 
     if !args.no_kernel {
         out.push(kernel_run(args, Some(&args.zswap), limit, swap_bytes)?);
@@ -167,7 +177,7 @@ pub fn run(args: &Args) -> Result<()> {
         } else {
             let matched = equal_footprint_limit(limit as u64, z.peak_footprint_bytes, k.peak_footprint_bytes);
             let mib = format!("{}M", matched >> 20);
-            out.push(measure(&format!("zmem@{mib}"), zmem(&mib), None)?);
+            out.push(zmem(&format!("zmem@{mib}"), &mib)?);
         }
     }
     report(&out, args.json);
@@ -189,7 +199,9 @@ fn kernel_run(args: &Args, zswap: Option<&str>, limit: usize, swap_bytes: usize)
     let mut k = Command::new("sh");
     k.arg("-c").arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display())).arg("sh").args(&args.cmd);
     let name = zswap.map_or("swap".to_string(), |c| format!("kernel:{c}"));
+    let loads = Loads::kernel();
     let mut o = measure(&name, k, zswap.map(|_| &setup))?;
+    o.loads = loads.count();
     o.cgroup_peak_bytes = setup
         .cgroup
         .as_ref()
@@ -231,9 +243,78 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
         peak_footprint_bytes: peak,
         peak_pss_bytes: peak_pss,
         cgroup_peak_bytes: None,
+        loads: None,
         exit_ok: status.success(),
         exit_status: status.to_string(),
     })
+}
+
+/// Counts a run's loads: pages brought back from a compressed pool or a
+/// swap file, the work a program pays for at a limit. With the run's
+/// elapsed time over native's, they split the slowdown into how many loads
+/// and what each cost (`report`'s `us/load`).
+enum Loads {
+    /// The kernel's: `/proc/vmstat` before the run (the machine's counters;
+    /// nothing else should page meanwhile).
+    Vmstat(u64),
+    /// zmem's: a directory for the run's stats files (`ZMEM_STATS_DIR`),
+    /// whose processes each leave their last counters there; removed once
+    /// read.
+    StatsDir(PathBuf),
+}
+
+impl Loads {
+    fn kernel() -> Self {
+        Loads::Vmstat(vmstat("zswpin") + vmstat("pswpin"))
+    }
+
+    fn zmem() -> Result<Self> {
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("zmem-compare-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).with_context(|| format!("stats directory {}", dir.display()))?;
+        // Sticky and open to all, as /tmp is: a program that changes its
+        // user (PostgreSQL's `runuser`) still leaves its counters.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+        Ok(Loads::StatsDir(dir))
+    }
+
+    fn set_env(&self, c: &mut Command) {
+        if let Loads::StatsDir(dir) = self {
+            // Every 200 ms, so that what a process did after its last
+            // write is small beside what it did in all.
+            c.env("ZMEM_STATS_DIR", dir).env("ZMEM_STATS_INTERVAL_MS", "200");
+        }
+    }
+
+    fn count(&self) -> Option<u64> {
+        match self {
+            Loads::Vmstat(before) => Some((vmstat("zswpin") + vmstat("pswpin")).saturating_sub(*before)),
+            Loads::StatsDir(dir) => {
+                let mut sum = 0;
+                for e in std::fs::read_dir(dir).ok()?.flatten() {
+                    let Ok(t) = std::fs::read_to_string(e.path()) else { continue };
+                    sum += stats_file_loads(&t);
+                }
+                Some(sum)
+            }
+        }
+    }
+}
+
+impl Drop for Loads {
+    fn drop(&mut self) {
+        if let Loads::StatsDir(dir) = self {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `tier.zswpin` + `tier.pswpin` of one stats file (0 if it has none).
+fn stats_file_loads(json: &str) -> u64 {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else { return 0 };
+    ["zswpin", "pswpin"].iter().filter_map(|k| v["tier"][k].as_u64()).sum()
 }
 
 /// A process tree's memory, bytes: all of it, its anonymous pages and its
@@ -373,6 +454,15 @@ fn vs(out: &[Outcome], o: &Outcome, base: impl Fn(&Outcome) -> bool) -> Option<f
     (b.exit_ok && o.exit_ok).then(|| b.elapsed_s / o.elapsed_s)
 }
 
+/// Microseconds of the run's time over native's, per load: what a load
+/// cost the program all in (the fault, the decompression, the reclaim
+/// that made room), where the run had loads and both finished well.
+fn us_per_load(out: &[Outcome], o: &Outcome) -> Option<f64> {
+    let native = out.iter().find(|n| n.config == "native")?;
+    let loads = o.loads.filter(|&l| l > 0)?;
+    (native.exit_ok && o.exit_ok).then(|| (o.elapsed_s - native.elapsed_s).max(0.0) * 1e6 / loads as f64)
+}
+
 fn report(out: &[Outcome], json: bool) {
     let swap = out.iter().any(|o| o.config == "swap");
     if json {
@@ -381,6 +471,7 @@ fn report(out: &[Outcome], json: bool) {
             .map(|o| {
                 let mut v = serde_json::to_value(o).unwrap_or_default();
                 v["vs_kernel"] = serde_json::json!(vs_kernel(out, o));
+                v["us_per_load"] = serde_json::json!(us_per_load(out, o));
                 if swap {
                     v["vs_swap"] = serde_json::json!(vs_swap(out, o));
                 }
@@ -392,15 +483,20 @@ fn report(out: &[Outcome], json: bool) {
     }
     let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
     let vs_swap_head = if swap { format!(" {:>8}", "vs swap") } else { String::new() };
-    println!("{:<12} {:>10} {:>16} {:>10}{vs_swap_head}  exit", "config", "elapsed s", "peak footprint", "vs kernel");
+    println!(
+        "{:<12} {:>10} {:>16} {:>10}{vs_swap_head} {:>10} {:>8}  exit",
+        "config", "elapsed s", "peak footprint", "vs kernel", "loads", "us/load"
+    );
     for o in out {
         let vs_swap_col = if swap { format!(" {:>8}", ratio(vs_swap(out, o))) } else { String::new() };
         println!(
-            "{:<12} {:>10.2} {:>12} MiB {:>10}{vs_swap_col}  {}",
+            "{:<12} {:>10.2} {:>12} MiB {:>10}{vs_swap_col} {:>10} {:>8}  {}",
             o.config,
             o.elapsed_s,
             o.peak_footprint_bytes >> 20,
             ratio(vs_kernel(out, o)),
+            o.loads.map_or("-".to_string(), |l| l.to_string()),
+            us_per_load(out, o).map_or("-".to_string(), |u| format!("{u:.1}")),
             o.exit_status
         );
     }
@@ -408,7 +504,10 @@ fn report(out: &[Outcome], json: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{equal_footprint_limit, parse_rollup, pss_of, rss_of, vs_kernel, vs_swap, Outcome, Pss, Sampler};
+    use super::{
+        equal_footprint_limit, parse_rollup, pss_of, rss_of, stats_file_loads, us_per_load, vs_kernel, vs_swap,
+        Outcome, Pss, Sampler,
+    };
     use std::process::Command;
 
     fn run(config: &str, elapsed_s: f64, exit_ok: bool) -> Outcome {
@@ -418,6 +517,7 @@ mod tests {
             peak_footprint_bytes: 0,
             peak_pss_bytes: 0,
             cgroup_peak_bytes: None,
+            loads: None,
             exit_ok,
             exit_status: String::new(),
         }
@@ -439,6 +539,25 @@ mod tests {
         assert_eq!(vs_swap(&swap, &swap[1]), Some(4.0));
         assert_eq!(vs_swap(&swap, &swap[2]), None, "the killed run");
         assert_eq!(vs_swap(&killed, &killed[1]), None, "no --swap");
+    }
+
+    #[test]
+    fn a_load_costs_the_time_over_native_shared_out() {
+        let mut out = [run("native", 1.0, true), run("zmem", 3.0, true), run("kernel:lzo", 0.5, true)];
+        out[1].loads = Some(100_000);
+        out[2].loads = Some(10);
+        assert_eq!(us_per_load(&out, &out[0]), None, "no loads");
+        assert!((us_per_load(&out, &out[1]).unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(us_per_load(&out, &out[2]), Some(0.0), "faster than native: no cost");
+        out[1].exit_ok = false;
+        assert_eq!(us_per_load(&out, &out[1]), None, "failed");
+    }
+
+    #[test]
+    fn a_stats_file_gives_its_pool_and_swap_loads() {
+        assert_eq!(stats_file_loads(r#"{"pid":1,"tier":{"zswpin":700,"pswpin":42,"zswpout":9}}"#), 742);
+        assert_eq!(stats_file_loads(r#"{"pid":1}"#), 0, "no tier yet");
+        assert_eq!(stats_file_loads("{\"pid\":1,\"ti"), 0, "cut short");
     }
 
     #[test]

@@ -46,6 +46,18 @@ fn compare_runs_a_program_five_ways_and_restores_the_machine() {
         assert!(r["peak_pss_bytes"].as_u64().unwrap() > r["peak_footprint_bytes"].as_u64().unwrap(), "{r}");
     }
     assert_eq!(rows[2]["vs_kernel"].as_f64(), Some(1.0));
+    // Loads: the program read back 64 MiB of blocks it held under 32M, so
+    // every run under a limit brought pages back; zmem's count comes from
+    // its processes' stats files, the kernel's from /proc/vmstat. The cost
+    // per load is the time over native's, shared out.
+    assert!(rows[0]["loads"].is_null() && rows[0]["us_per_load"].is_null(), "{}", rows[0]);
+    let native_s = rows[0]["elapsed_s"].as_f64().unwrap();
+    for r in &rows[1..] {
+        let loads = r["loads"].as_u64().unwrap_or_else(|| panic!("loads of {r}"));
+        assert!(loads >= 1000, "{r}");
+        let us = (r["elapsed_s"].as_f64().unwrap() - native_s).max(0.0) * 1e6 / loads as f64;
+        assert!((r["us_per_load"].as_f64().unwrap() - us).abs() < 1e-6, "{r}");
+    }
     // Each run's ratio against plain swap, from this run's own times.
     for r in rows {
         let vs_swap = rows[3]["elapsed_s"].as_f64().unwrap() / r["elapsed_s"].as_f64().unwrap();
