@@ -107,12 +107,12 @@ pub(super) fn as_faults(pages: u64, loads: u64, faults: u64) -> u64 {
 /// `percent` in one look. A pool still filling holds far less than it
 /// will: `scripts/redis-hotset` under 80M stepped from 50% to the 10%
 /// floor at once while it loaded its keys (the pool at 12%), wrote back
-/// 15-19k pages that its digest then read from the disk at ~110 µs each,
-/// and those reads held the codec at zstd:1 for 14 s; 22.1-23.1 s against
-/// 19.2-19.4 s with the cut at half. The pool settled at ~27% of the limit
-/// and nothing was written back. Node, sort, redis' digest and memcached,
-/// whose shares step down from a full pool, did not change
-/// (docs/benchmarks.md, 2026-12-05).
+/// 10-19k pages that its digest then read from the disk at ~110 µs each,
+/// and those reads held the codec at zstd:1 for 14 s (up to 15% slower).
+/// That came in 3 runs of 7; with the cut at half, in none of 7: the pool
+/// settled at ~27% of the limit. Node, sort, redis' digest and memcached,
+/// whose shares step down from a full pool, did not change beyond their
+/// noise (docs/benchmarks.md, 2026-12-05).
 pub(super) fn step_down(percent: u32, used: u32, min: u32) -> u32 {
     percent.min(used).saturating_sub(BALANCE_STEP).max(percent / 2).max(min)
 }
