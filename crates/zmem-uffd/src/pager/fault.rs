@@ -431,7 +431,7 @@ impl Inner {
             return Err(Served::Busy);
         }
         let ppf = present.len();
-        for (p, n) in super::reclaim::page_runs(&present) {
+        for (p, n) in super::evict::page_runs(&present) {
             let at = addr as usize + p * PAGE_SIZE;
             // SAFETY: pages of the folio's staging slot that MOVE filled
             // (`present`), so reading them faults nothing. The slot is

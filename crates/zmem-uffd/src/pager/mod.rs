@@ -15,7 +15,8 @@
 //! | `events.rs` | REMOVE/UNMAP (`drop_range`) and REMAP |
 //! | `uaccess.rs` | managed pages the kernel may find unmapped (user-mode-only userfaultfd) |
 //! | `lru.rs` | the active, inactive, once and unevictable lists; `isolate_folios` |
-//! | `reclaim.rs` | the reclaim thread: isolate, MOVE out, store, finish or hold |
+//! | `reclaim.rs` | the reclaim thread: its round of steps, the timed chores, the soft limit |
+//! | `evict.rs` | a reclaim pass: isolate, MOVE out, store, finish or hold; shared folios |
 //! | `staging.rs` | the staging area reclaim MOVEs a batch into |
 //! | `direct.rs` | faults waiting for reclaim store folios of its pass |
 //! | `accounting.rs` | usage, watermarks, the fault throttle, the tree's share |
@@ -120,6 +121,7 @@ mod codec;
 mod config;
 mod direct;
 mod events;
+mod evict;
 mod fault;
 mod follow;
 mod fork;
