@@ -73,9 +73,13 @@ fn setpriv_drops_to_another_user_and_what_it_starts_is_managed() {
     use std::os::unix::fs::PermissionsExt;
     let stats = tmpdir("setpriv-stats");
     std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let script = "import os\n\
+    // It stays 0.3 s after its check, so that the stats file, written
+    // every 50 ms and not at the exit, counts every eviction (it read
+    // 454-477 folios in runs that ended at once).
+    let script = "import os, time\n\
                   b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
-                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b), os.getuid(), os.getgid())\n";
+                  print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b), os.getuid(), os.getgid())\n\
+                  time.sleep(0.3)\n";
     let args = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "/usr/bin/python3", "-c", script];
     let mut cmd = vec!["run", "--limit", "32M", "--", "setpriv"];
     cmd.extend(args);
