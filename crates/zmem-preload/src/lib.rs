@@ -71,6 +71,7 @@ mod next;
 mod sandbox;
 mod stats;
 mod sysmem;
+mod tasks;
 mod threads;
 mod uaccess;
 

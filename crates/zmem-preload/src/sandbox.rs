@@ -395,12 +395,12 @@ fn probe() {}
 /// end (field 52 of `/proc/self/stat`), that is what is returned.
 pub(crate) fn program_gone() -> Option<u32> {
     let me = std::process::id();
-    let stat = crate::init::self_stat()?;
+    let stat = crate::tasks::self_stat()?;
     if zmem_common::stat_field(&stat, 3) != Some("Z") {
         return None;
     }
     // The main thread is the zombie, its tid the pid.
-    if crate::init::others_than_zmem(me as i32) {
+    if crate::tasks::others_than_zmem(me as i32) {
         return None;
     }
     zmem_common::stat_field(&stat, 52)?.parse().ok()
