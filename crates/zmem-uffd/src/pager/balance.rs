@@ -76,7 +76,7 @@ pub(super) fn grows(refaults: u64, swap_refaults: u64) -> bool {
 /// the run took 24.6-37.5 s against 18.9-22.8 s at the 10% it reaches at
 /// 3, so the refaults undercount what resident room saves it. At 4, xz
 /// of random hex lines gained 20-25% and xz of man pages lost ~11%
-/// (ARCHITECTURE.md, "The pool's share of the limit").
+/// (docs/benchmarks.md, "The pool's share of the limit").
 const SWAP_FAULT_EXTRA: u64 = 3;
 
 /// Whether it should shrink, after `refaults` refaults and, of the misses

@@ -326,7 +326,7 @@ fn a_read_only_hot_set_that_refaults_soon_is_noticed_and_reads_back() {
 /// pool's changing limit. The watermarks are the ones the balance was
 /// tuned at (95% and 85%): with the defaults (99% and 97%) the share did
 /// not move within the 30 s below, with 32k swap refaults in 750k loads.
-/// The balance is off by default and needs retuning before it can be on
+/// The balance is off in `PagerConfig` and on under `zmem run`
 /// (ARCHITECTURE.md, "The pool's share of the limit").
 #[test]
 fn swap_refaults_move_the_pools_share_up_and_every_page_reads_back() {
