@@ -282,8 +282,8 @@ impl Loads {
 
     fn set_env(&self, c: &mut Command) {
         if let Loads::StatsDir(dir) = self {
-            // Every 200 ms, so that what a process did after its last
-            // write is small beside what it did in all.
+            // Each process writes its file last as it exits; every 200 ms
+            // too, for one that ends without exit(3).
             c.env("ZMEM_STATS_DIR", dir).env("ZMEM_STATS_INTERVAL_MS", "200");
         }
     }

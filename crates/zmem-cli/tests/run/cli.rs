@@ -314,6 +314,27 @@ fn stats_files_in_the_default_directory_live_as_long_as_their_process() {
     assert!(!stale.exists());
 }
 
+/// In a directory `ZMEM_STATS_DIR` names, a process's file stays after it
+/// exits with its last counters: the exit has the stats thread write once
+/// more. The interval here is 60 s, so the file's only writes are the
+/// first one, at the pager's start, and the one at the exit: a program that
+/// fills 96 MiB under 32M and exits at once must show the ~1,000 folios it
+/// evicted (64 KiB each), not the first write's none.
+#[test]
+fn a_process_leaves_its_last_counters_in_a_named_stats_directory() {
+    let stats = tmpdir("stats-last");
+    let script = "b = [bytearray((b'%d,' % i) * 300000)[:1 << 20] for i in range(96)]\n\
+                  print('ok', sum(len(x) for x in b) >> 20)\n";
+    let o = zmem(
+        &["run", "--limit", "32M", "--", "/usr/bin/python3", "-c", script],
+        &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "60000")],
+        120,
+    );
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("ok "), "{}", text(&o));
+    let evicted = pager_max(&stats, "evicted_folios");
+    assert!(evicted > 800, "{evicted} folios in the last stats: {}", text(&o));
+}
+
 /// `include/zmem.h` from C, linked against the shim (no LD_PRELOAD).
 #[test]
 fn the_c_header_api_maps_checks_and_reports() {
