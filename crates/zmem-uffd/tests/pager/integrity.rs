@@ -157,29 +157,17 @@ fn a_madvise_storm_never_deadlocks_the_handler_against_reclaim() {
     let _wd = watchdog("madvise-storm", 120);
     let limit = 2 << 20;
     let p = Arc::new(pager(limit));
-    let r = Arc::new(p.map(8 * limit).unwrap());
-    let pages = r.len() / PAGE_SIZE;
-    let threads = 4usize;
-    let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
-    let mismatches = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
-            s.spawn(move || {
-                let w = Walk {
-                    seed: (t as u64 + 11).wrapping_mul(0x2545_F491_4F6C_DD1D),
-                    rounds: 6000,
-                    drop_one_in: 3,
-                    drop_unwritten: true,
-                    write_mask: 1,
-                };
-                mismatches.fetch_add(random_walk(&r, &versions, t, threads, &w), Ordering::Relaxed);
-            });
-        }
+    let r = p.map(8 * limit).unwrap();
+    let (versions, walked) = random_walks(&r, 4, |t| Walk {
+        seed: (t as u64 + 11).wrapping_mul(0x2545_F491_4F6C_DD1D),
+        rounds: 6000,
+        drop_one_in: 3,
+        drop_unwritten: true,
+        write_mask: 1,
     });
-    mismatches.fetch_add(mismatched_words(&r, &versions), Ordering::Relaxed);
+    let mismatches = walked + mismatched_words(&r, &versions);
     let s = p.stats();
-    assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
+    assert_eq!(mismatches, 0, "{s:?}");
     assert!(s.evicted_folios > 0 && s.load_faults > 0, "{s:?}");
     drop_and_check_no_entries(&p, r, "by the drop");
 }
@@ -361,33 +349,20 @@ fn rejected_folios_with_holes_are_held_and_read_back() {
     let p = Arc::new(pager(limit));
     let lz4 = zmem_compress::Sequential::new("lz4".parse::<zmem_tier::CodecSpec>().unwrap().factory(), 8).unwrap();
     p.tier().set_batch_compressor(Arc::new(zmem_compress::inject::FailEvery::new(lz4, 7))).unwrap();
-    let r = Arc::new(p.map(4 * limit).unwrap());
-    let pages = r.len() / PAGE_SIZE;
-    let threads = 4usize;
-    let versions: Arc<Vec<AtomicU32>> = Arc::new((0..pages).map(|_| AtomicU32::new(0)).collect());
-    let mismatches = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let (r, versions, mismatches) = (Arc::clone(&r), Arc::clone(&versions), &mismatches);
-            s.spawn(move || {
-                let w = Walk {
-                    seed: (t as u64 + 3).wrapping_mul(0x2545_F491_4F6C_DD1D),
-                    rounds: 6000,
-                    drop_one_in: 5,
-                    drop_unwritten: false,
-                    write_mask: 3,
-                };
-                mismatches.fetch_add(random_walk(&r, &versions, t, threads, &w), Ordering::Relaxed);
-            });
-        }
+    let r = p.map(4 * limit).unwrap();
+    let (versions, mut mismatches) = random_walks(&r, 4, |t| Walk {
+        seed: (t as u64 + 3).wrapping_mul(0x2545_F491_4F6C_DD1D),
+        rounds: 6000,
+        drop_one_in: 5,
+        drop_unwritten: false,
+        write_mask: 3,
     });
-    for pg in 0..pages {
-        let v = versions[pg].load(Ordering::Relaxed);
-        let bad = if v == 0 { check_or_zero(&r, pg, DROPPED) } else { check_or_zero(&r, pg, v) };
-        mismatches.fetch_add(bad, Ordering::Relaxed);
+    for (pg, v) in versions.iter().enumerate() {
+        let v = v.load(Ordering::Relaxed);
+        mismatches += if v == 0 { check_or_zero(&r, pg, DROPPED) } else { check_or_zero(&r, pg, v) };
     }
     let s = p.stats();
-    assert_eq!(mismatches.load(Ordering::Relaxed), 0, "{s:?}");
+    assert_eq!(mismatches, 0, "{s:?}");
     assert!(s.eviction_rejects > 0 && s.evicted_folios > 0, "{s:?}");
     assert_eq!(s.stray_faults, 0, "zmem touched a hole of its staging area: {s:?}");
 }

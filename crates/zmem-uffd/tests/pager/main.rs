@@ -128,3 +128,18 @@ fn random_walk(r: &Region, versions: &[AtomicU32], t: usize, threads: usize, w: 
     }
     mismatches
 }
+
+/// `threads` workers each on a [`random_walk`] of their own pages of `r`,
+/// walked as `walk(t)` says, all to the end. Returns each page's last
+/// version and the words the workers found wrong.
+fn random_walks(r: &Region, threads: usize, walk: impl Fn(usize) -> Walk + Sync) -> (Vec<AtomicU32>, usize) {
+    let versions: Vec<AtomicU32> = (0..r.len() / PAGE_SIZE).map(|_| AtomicU32::new(0)).collect();
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (versions, mismatches, walk) = (&versions, &mismatches, &walk);
+            s.spawn(move || mismatches.fetch_add(random_walk(r, versions, t, threads, &walk(t)), Ordering::Relaxed));
+        }
+    });
+    (versions, mismatches.into_inner())
+}
