@@ -5,7 +5,9 @@
  * The library reads the ZMEM_* environment variables (see `zmem run --help`)
  * when it is first used. Under `zmem run`, large malloc/mmap allocations are
  * managed without any of this; these calls are for programs that want to
- * choose which memory is managed.
+ * choose which memory is managed. A process whose pager waits to start
+ * until its memory nears the limit (ZMEM_START_PERCENT) starts it at its
+ * first call of zmem_map or zmem_stats_json.
  */
 #ifndef ZMEM_H
 #define ZMEM_H

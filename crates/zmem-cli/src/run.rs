@@ -15,7 +15,7 @@ use zmem_uffd::tree::Tree;
 #[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
-ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \
+ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_START_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \
 ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_HANDLER_FOLLOW, ZMEM_HANDLER_HOLD, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
@@ -36,6 +36,12 @@ pub struct Args {
     /// moved between 10% and 80% by what misses cost, with a swap file].
     #[arg(long)]
     max_pool_percent: Option<String>,
+    /// A process starts its pager once the tree's memory reaches this
+    /// percent of the limit; until then it runs with no pager, and a short
+    /// process pays nothing but the shim's load. 0: every process starts
+    /// its pager as it loads [default: 50].
+    #[arg(long)]
+    start_percent: Option<String>,
     /// Write cold pages back to a swap file in this directory (on disk, not
     /// tmpfs) [default: /var/tmp].
     #[arg(long)]
@@ -185,6 +191,7 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_COMPRESSOR", args.compressor.clone());
     set("ZMEM_RECOMPRESS", args.recompress.clone());
     set("ZMEM_MAX_POOL_PERCENT", args.max_pool_percent.clone());
+    set("ZMEM_START_PERCENT", args.start_percent.clone());
     set("ZMEM_SWAPFILE_DIR", args.swapfile.as_ref().map(|p| p.display().to_string()));
     set("ZMEM_NO_ENCRYPT", args.no_encrypt.then(|| "1".to_string()));
     set("ZMEM_WRITEBACK", args.no_writeback.then(|| "0".to_string()));

@@ -74,6 +74,10 @@ pub mod defaults {
     pub const FAULT_AROUND_BYTES: usize = 4 << 10;
     /// Mappings and allocations this large or larger are managed by `zmem run`.
     pub const THRESHOLD: usize = 256 << 10;
+    /// A process under `zmem run` starts its pager once its anonymous
+    /// memory reaches this percent of its share of the limit: a short
+    /// process that stays under it pays nothing but the shim's load.
+    pub const START_PERCENT: u32 = 50;
     /// Where `zmem run` puts its swap file: a disk directory.
     pub const SWAPFILE_DIR: &str = "/var/tmp";
     /// The codec.

@@ -6,6 +6,15 @@ use crate::guard::guarded;
 use crate::init::{lookup, managed_alloc, managed_free, set_errno, shim};
 use crate::stats::stats_json;
 
+/// A program that calls the API asks for a pager: one that waits to start
+/// (`waiting.rs`) starts now, on this thread, which holds no lock of an
+/// allocator's.
+fn start_if_waiting() {
+    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    guarded(crate::waiting::start_now);
+    set_errno(e);
+}
+
 /// `zmem_map(len)`: managed memory of `len` bytes (any size), or NULL with
 /// errno set.
 #[no_mangle]
@@ -14,6 +23,7 @@ pub unsafe extern "C" fn zmem_map(len: usize) -> *mut c_void {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    start_if_waiting();
     managed_alloc(len).unwrap_or_else(|| {
         set_errno(libc::ENOMEM);
         std::ptr::null_mut()
@@ -47,6 +57,7 @@ pub unsafe extern "C" fn zmem_is_managed(p: *const c_void) -> c_int {
 /// when the shim is off.
 #[no_mangle]
 pub unsafe extern "C" fn zmem_stats_json(buf: *mut u8, len: usize) -> isize {
+    start_if_waiting();
     let Some(s) = shim() else { return -1 };
     let Some(json) = guarded(|| stats_json(s)) else { return -1 };
     if !buf.is_null() && len > 0 {

@@ -67,7 +67,7 @@ fn diverged() -> bool {
 /// Makes the call `f`: with no thread of zmem's where their capabilities
 /// differ from the caller's (see the module's doc).
 fn change(f: impl FnOnce() -> c_int) -> c_int {
-    if crate::init::is_shim_process() && crate::guard::guarded(diverged).unwrap_or(false) {
+    if crate::init::has_zmem_threads() && crate::guard::guarded(diverged).unwrap_or(false) {
         crate::init::single_threaded(f)
     } else {
         f()
@@ -131,7 +131,7 @@ pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_i
 /// result (0 or -1).
 pub(crate) fn capabilities_set(call: impl FnOnce() -> c_long) -> c_long {
     let r = call();
-    if r == 0 && crate::init::is_shim_process() && crate::guard::guarded(diverged).unwrap_or(false) {
+    if r == 0 && crate::init::has_zmem_threads() && crate::guard::guarded(diverged).unwrap_or(false) {
         crate::init::keeping_errno(|| crate::init::single_threaded(|| ()));
     }
     r

@@ -59,6 +59,7 @@ type Table = BTreeMap<usize, Managed>;
 /// parent or child step: no region is made or freed meanwhile, no range of
 /// zmem's is being recorded, and the child starts with all of it unlocked.
 struct ForkGuards {
+    waiting: std::sync::MutexGuard<'static, Option<crate::waiting::Waiting>>,
     table: RwLockWriteGuard<'static, Table>,
     owned: zmem_common::owned::ForkGuard,
 }
@@ -84,6 +85,12 @@ pub(crate) fn is_shim_process() -> bool {
     SHIM_PID.load(Ordering::Relaxed) == std::process::id() && current().is_some()
 }
 
+/// Whether zmem runs threads in this process: a pager's, or the stats
+/// thread of one that waits to start its pager (`waiting.rs`).
+pub(crate) fn has_zmem_threads() -> bool {
+    is_shim_process() || guarded(crate::waiting::is_waiting).unwrap_or(false)
+}
+
 fn install(s: Shim) {
     SHIM_PID.store(std::process::id(), Ordering::Relaxed);
     CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
@@ -100,12 +107,15 @@ extern "C" fn before_fork() {
         // The child must not inherit the mask of a thread held on the
         // handler's CPU (`zmem_uffd::unhold_current_thread`).
         zmem_uffd::unhold_current_thread();
+        // First: a late start under way finishes before anything else is
+        // held (it takes the locks below).
+        let waiting = crate::waiting::fork_lock();
         let table = REGIONS.write_ok();
         if let Some(s) = current() {
             s.pager.fork_prepare();
         }
         let owned = zmem_common::owned::fork_lock();
-        FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { table, owned }));
+        FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { waiting, table, owned }));
         // Last: nothing above may allocate once it is held.
         crate::heap::fork_lock();
     });
@@ -141,10 +151,19 @@ extern "C" fn after_fork_in_child() {
     let _ = guarded(|| {
         crate::heap::fork_unlock();
         let guards = FORK_GUARDS.with(|f| f.borrow_mut().take());
-        let Some(parent) = current() else { return };
+        let Some(parent) = current() else {
+            // A waiting parent's child waits too.
+            if let Some(ForkGuards { waiting, table, owned }) = guards {
+                drop(owned);
+                drop(table);
+                crate::waiting::after_fork_in_child(waiting);
+            }
+            return;
+        };
         CURRENT.store(std::ptr::null_mut(), Ordering::Release);
         let mut inherited = Vec::new();
-        if let Some(ForkGuards { mut table, owned }) = guards {
+        if let Some(ForkGuards { waiting, mut table, owned }) = guards {
+            drop(waiting);
             drop(owned);
             for (&start, m) in table.iter_mut() {
                 if let Some(r) = m.region.take() {
@@ -275,7 +294,26 @@ fn init() -> Option<Shim> {
         );
         return None;
     }
+    let settings = if crate::waiting::wants_to_wait(&settings) {
+        match crate::waiting::begin(settings) {
+            Ok(()) => {
+                register_handlers();
+                crate::coredump::install();
+                return None;
+            }
+            Err(settings) => *settings,
+        }
+    } else {
+        settings
+    };
     let s = start(settings, None)?;
+    register_handlers();
+    Some(s)
+}
+
+/// Registers the fork and exit handlers, once the process has a pager or
+/// waits to start one.
+fn register_handlers() {
     // SAFETY: registers plain functions with no arguments. Each runs
     // guarded; the child step starts this process's own pager, with glibc's
     // locks (malloc's included) reset and zmem's released.
@@ -292,7 +330,6 @@ fn init() -> Option<Shim> {
     if unsafe { libc::atexit(leave_tree_at_exit) } != 0 {
         log::warn!("atexit failed; this process's usage stays in the tree's count until it is swept");
     }
-    Some(s)
 }
 
 /// Says why this process runs unmanaged, once per tree: every process of
@@ -311,6 +348,7 @@ fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>)
 /// parent's pager it would be. Atomics only: the program may exit with
 /// any lock held.
 extern "C" fn leave_tree_at_exit() {
+    crate::waiting::leave_at_exit();
     if is_shim_process() {
         if let Some(s) = current() {
             s.pager.leave_tree();
@@ -419,7 +457,28 @@ fn running_on_valgrind() -> bool {
 /// A pager under `settings`, and the thread that writes its stats file.
 /// In a forked child with the parent's hand-over `link`, the pager takes
 /// this process's userfaultfd and evicted pages over from the parent.
-fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
+fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
+    let s = start_pager(settings, link)?;
+    if let Err(e) = crate::stats::start_thread(s.settings.stats_dir.clone(), s.settings.stats_interval) {
+        log::warn!("no stats thread: {e}");
+    }
+    Some(s)
+}
+
+/// The pager of a process that waited (`waiting.rs`), started from the
+/// stats thread (which goes on as the stats thread), or from the program's
+/// thread where it cannot wait on. A pager that cannot start leaves the
+/// process unmanaged, as at load.
+pub(crate) fn start_late(settings: Settings) {
+    let _ = guarded(|| {
+        if let Some(s) = start_pager(settings, None) {
+            install(s);
+        }
+    });
+}
+
+/// A pager under `settings` (see [`start`]), without a stats thread.
+fn start_pager(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
     let config = |settings: &Settings| {
         let mut cfg = settings.pager_config();
         cfg.thread_init = Some(mark_internal_thread);
@@ -473,9 +532,6 @@ fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<S
         warn_user_mode_only(&settings);
         crate::uaccess::activate();
     }
-    if let Err(e) = crate::stats::start_thread(settings.stats_dir.clone(), settings.stats_interval) {
-        log::warn!("no stats thread: {e}");
-    }
     Some(Shim { pager, settings })
 }
 
@@ -492,17 +548,28 @@ fn start(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<S
 pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     // Not in a vfork child: the pager is its parent's, and nothing may
     // allocate there.
-    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
-        return f();
-    }
-    let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
-        return f();
-    };
     // The program's errno goes into the call as it came: the work below
     // (reads of /proc, sleeps, the pager's end) may leave EAGAIN there, and
     // a call that succeeds does not clear it (Python's `ctypes` read 11
     // after an `unshare` that returned 0).
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // A waiting process's only thread of zmem's is the stats thread.
+    if guarded(crate::waiting::pause).unwrap_or(false) {
+        set_errno(errno);
+        let r = f();
+        keeping_errno(|| {
+            guarded(crate::waiting::resume);
+        });
+        return r;
+    }
+    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
+        set_errno(errno);
+        return f();
+    }
+    let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
+        set_errno(errno);
+        return f();
+    };
     let root_left = crate::stats::root_left();
     if root_left && old.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
         log::warn!(
@@ -535,6 +602,20 @@ pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
 /// their own munmaps, and the handler serves their faults until every
 /// region is whole.
 pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
+    // A waiting process stops waiting, as a managed one lets go.
+    if let Some(settings) = guarded(crate::waiting::end).flatten() {
+        let r = f();
+        if failed(&r) && !crate::stats::root_left() {
+            keeping_errno(|| {
+                guarded(|| {
+                    if let Err(settings) = crate::waiting::begin(settings) {
+                        start_late(*settings);
+                    }
+                });
+            });
+        }
+        return r;
+    }
     if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
         return f();
     }
@@ -579,6 +660,11 @@ pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> boo
 /// (`stats::leave_root`). Not in a vfork child, whose memory (the flag
 /// that stops the stats) is its parent's.
 pub(crate) fn leaving_root<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
+    // A waiting process starts its pager now, while `/proc` and the swap
+    // directory are at their paths.
+    keeping_errno(|| {
+        guarded(crate::waiting::start_now);
+    });
     if SHIM_PID.load(Ordering::Relaxed) != std::process::id() || current().is_none() {
         return f();
     }

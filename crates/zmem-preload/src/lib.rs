@@ -74,6 +74,7 @@ mod sysmem;
 mod tasks;
 mod threads;
 mod uaccess;
+mod waiting;
 
 pub use guard::mark_internal_thread;
 

@@ -50,6 +50,16 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// (an munmap) retires the region, its `realloc` (an mremap) moves it.
 fn adopt_chunk(p: *mut c_void, size: usize) {
     adopt_brk_growth();
+    // A process that waits to start its pager looks at once, and adopts
+    // the chunk below if it started (glibc's lock is free: malloc has
+    // returned).
+    if !p.is_null()
+        && size >= zmem_settings::Settings::DEFAULT_THRESHOLD
+        && current().is_none()
+        && !crate::waiting::saw_mapping(size)
+    {
+        return;
+    }
     if p.is_null() || !adopts_chunks(size) {
         return;
     }

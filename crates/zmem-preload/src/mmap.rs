@@ -42,6 +42,7 @@ pub unsafe extern "C" fn mmap(
             return p;
         }
     }
+
     if flags & libc::MAP_LOCKED != 0 {
         // Recorded before a scan can see it.
         let _recording = guarded(zmem_common::owned::spawn_lock);
@@ -51,7 +52,22 @@ pub unsafe extern "C" fn mmap(
         }
         return p;
     }
-    raw_mmap(addr, len, prot, flags, fd, off)
+    let p = raw_mmap(addr, len, prot, flags, fd, off);
+    if !started
+        && p != libc::MAP_FAILED
+        && plain
+        && prot & libc::PROT_WRITE != 0
+        && fd == -1
+        && len >= zmem_settings::Settings::DEFAULT_THRESHOLD
+        && crate::waiting::saw_mapping(len)
+    {
+        // The pager started for this mapping (a process that waited):
+        // managed from its first byte, as one mapped under a pager is.
+        if let Some(s) = current() {
+            guarded(|| s.pager.adopt(p as u64, len).map_err(|e| log::debug!("a mapping at {p:?} not adopted: {e}")));
+        }
+    }
+    p
 }
 
 #[no_mangle]

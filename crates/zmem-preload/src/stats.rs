@@ -59,6 +59,17 @@ pub(crate) fn start_thread(named: Option<PathBuf>, interval: Duration) -> std::i
     Ok(())
 }
 
+/// Wakes the stats thread for a look now (`waiting::saw_mapping`): no
+/// allocation, and the lock only tried.
+pub(crate) fn wake_thread() {
+    if let Ok(wake) = WAKE.try_lock() {
+        if let Some((pid, t)) = wake.as_ref().filter(|(pid, _)| *pid == std::process::id()) {
+            let _ = pid;
+            t.unpark();
+        }
+    }
+}
+
 /// Ends the stats thread and waits for it.
 pub(crate) fn stop_thread() {
     STOP.store(true, Ordering::SeqCst);
@@ -89,7 +100,9 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     // The directory made ready, and for which effective user.
     let mut ready: Option<(u32, PathBuf)> = None;
     let mut writes = true;
-    let mut due = Instant::now();
+    // A process that waits to start its pager writes its first file one
+    // interval on: most such processes are short, and end before.
+    let mut due = Instant::now() + if crate::waiting::is_waiting() { interval } else { Duration::ZERO };
     loop {
         if STOP.load(Ordering::SeqCst) {
             return;
@@ -100,6 +113,10 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         if let Some(name) = crate::init::current().and_then(|s| s.pager.lost_thread()) {
             crate::sandbox::lost_pager_thread(&name);
         }
+        // While the process waits to start its pager (`waiting.rs`): a
+        // look, and the next one's time. The file is written once the
+        // pager has started.
+        let look = crate::waiting::tick();
         let last = LAST_WRITE.swap(false, Ordering::SeqCst);
         if writes && (last || Instant::now() >= due) {
             due = Instant::now() + interval;
@@ -115,7 +132,8 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         // Before it sleeps (`zmem_common::tls`).
         zmem_common::tls::keep_resident();
         let until_due = due.saturating_duration_since(Instant::now());
-        std::thread::park_timeout(if writes { until_due.min(WATCH) } else { WATCH });
+        let wait = if writes { until_due.min(WATCH) } else { WATCH };
+        std::thread::park_timeout(look.map_or(wait, |l| l.min(wait)));
     }
 }
 
@@ -132,7 +150,12 @@ enum Next {
 }
 
 fn write_once(named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
-    let Some(s) = current() else { return Next::Again };
+    // A process that waits to start its pager (`waiting.rs`) writes what
+    // it holds and where its pager starts.
+    let s = current();
+    if s.is_none() && !crate::waiting::is_waiting() {
+        return Next::Again;
+    }
     // SeqCst, with `remove_file`'s: either this sees EXITING or ROOT_LEFT,
     // or the remover sees WRITING and waits for the rename. It covers
     // `prepare` too, which makes the directory by its path.
@@ -148,7 +171,7 @@ fn write_once(named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>
     next
 }
 
-fn write_ready(s: &Shim, named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
+fn write_ready(s: Option<&Shim>, named: Option<&Path>, pid: u32, ready: &mut Option<(u32, PathBuf)>) -> Next {
     let euid = euid();
     if ready.as_ref().is_none_or(|(u, _)| *u != euid) {
         if let Some((_, old)) = &ready {
@@ -168,8 +191,16 @@ fn write_ready(s: &Shim, named: Option<&Path>, pid: u32, ready: &mut Option<(u32
     }
     let dir = &ready.as_ref().expect("made ready above").1;
     let mem = ProcMem::now();
-    warn_shared_once(mem.shmem, s.settings.limit);
-    let json = stats_json_with(s, mem);
+    let json = match s {
+        Some(s) => {
+            warn_shared_once(mem.shmem, s.settings.limit);
+            stats_json_with(s, mem)
+        }
+        None => match crate::waiting::stats_json(mem) {
+            Some(j) => j,
+            None => return Next::Again,
+        },
+    };
     if let Err(e) = stats_files::write(dir, pid, &json) {
         if self::euid() != euid {
             // As above: `runuser` dropped root between the look at its
@@ -230,7 +261,9 @@ pub(crate) extern "C" fn remove_at_exit() {
 /// 454-477 evicted folios of its ~1,150 in it. The default directory's
 /// file goes at the exit anyway. No allocation, and no lock but tried.
 fn last_write_at_exit() {
+    // A process with no pager (it waited, `waiting.rs`) has no file.
     if !NAMED.load(Ordering::SeqCst)
+        || current().is_none()
         || STOP.load(Ordering::SeqCst)
         || EXITING.load(Ordering::SeqCst)
         || GONE.load(Ordering::SeqCst)
@@ -343,12 +376,12 @@ pub(crate) fn root_kept() {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProcMem {
     /// All of it (`VmRSS`): the program's pages, the pool, zmem's metadata.
-    rss: u64,
+    pub(crate) rss: u64,
     /// Its shared memory (`RssShmem`): memfds, `/dev/shm`, shared anonymous
     /// mappings. zmem manages private anonymous memory only (UFFDIO_MOVE
     /// takes nothing else), so these pages are outside the limit, where a
     /// cgroup would charge them. A page mapped twice counts twice.
-    shmem: u64,
+    pub(crate) shmem: u64,
 }
 
 impl ProcMem {
@@ -394,30 +427,10 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
     let rss = mem.rss;
     let cached = s.pager.tier().swap_file().and_then(|f| f.page_cache_bytes()).unwrap_or(0);
     // The process tree that shares the limit: its usage and each process's.
-    let tree = s.pager.tree().map_or(serde_json::Value::Null, |t| {
-        let members: Vec<_> = t
-            .members()
-            .iter()
-            .map(|m| {
-                serde_json::json!({
-                    "pid": m.pid,
-                    "usage_bytes": m.usage,
-                    "peak_usage_bytes": m.peak,
-                    "share_bytes": m.share,
-                    "evicted_folios": m.evicted,
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "path": s.settings.tree.as_ref().map(|p| p.display().to_string()),
-            "limit": t.limit(),
-            "usage_bytes": t.usage(),
-            "peak_usage_bytes": t.peak(),
-            "processes": members,
-        })
-    });
+    let tree = s.pager.tree().map_or(serde_json::Value::Null, |t| tree_json(t, s.settings.tree.as_deref()));
     serde_json::json!({
         "pid": std::process::id(),
+        "state": "running",
         "footprint": {
             "rss_bytes": rss,
             "shmem_bytes": mem.shmem,
@@ -425,9 +438,7 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
             "footprint_bytes": rss + cached,
             "limit": s.settings.limit,
         },
-        "updated_unix_ms": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
+        "updated_unix_ms": unix_ms(),
         "limit": s.settings.limit,
         "compressor": s.pager.tier().compressor(),
         "recompress": s.settings.recompress.map(|c| c.to_string()),
@@ -511,4 +522,33 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
         "tree": tree,
     })
     .to_string()
+}
+
+/// The process tree that shares the limit: its usage and each process's.
+pub(crate) fn tree_json(t: &zmem_uffd::tree::Tree, path: Option<&Path>) -> serde_json::Value {
+    let members: Vec<_> = t
+        .members()
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "pid": m.pid,
+                "usage_bytes": m.usage,
+                "peak_usage_bytes": m.peak,
+                "share_bytes": m.share,
+                "evicted_folios": m.evicted,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "path": path.map(|p| p.display().to_string()),
+        "limit": t.limit(),
+        "usage_bytes": t.usage(),
+        "peak_usage_bytes": t.peak(),
+        "processes": members,
+    })
+}
+
+/// Milliseconds since the epoch, for `updated_unix_ms`.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

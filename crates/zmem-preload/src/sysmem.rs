@@ -37,9 +37,12 @@ fn shown_limit() -> Option<u64> {
 /// (limit, available) in bytes, if the program is to see the limit.
 pub(crate) fn limit_and_free() -> Option<(u64, u64)> {
     let limit = shown_limit()?;
-    let tree = crate::init::current().and_then(|s| s.pager.tree());
+    let tree = match crate::init::current() {
+        Some(s) => s.pager.tree().map(|t| (t.limit() as u64, t.usage())),
+        None => crate::guard::guarded(crate::waiting::tree_figures).flatten(),
+    };
     Some(match tree {
-        Some(t) => (t.limit() as u64, (t.limit() as u64).saturating_sub(t.usage())),
+        Some((limit, usage)) => (limit, limit.saturating_sub(usage)),
         None => (limit, limit),
     })
 }

@@ -83,6 +83,11 @@ pub struct Settings {
     pub stats_interval: Duration,
     /// The process tree's accounting segment (`zmem_uffd::tree`).
     pub tree: Option<PathBuf>,
+    /// A process's pager starts once its anonymous memory reaches this
+    /// percent of its share of the limit (`ZMEM_START_PERCENT`); until
+    /// then it only counts itself in the tree. 0: at once, as the shim
+    /// loads. Needs adoption (the pager finds what was mapped before it).
+    pub start_percent: u32,
     pub disable: bool,
 }
 
@@ -180,6 +185,7 @@ impl Default for Settings {
             stats_dir: None,
             stats_interval: Duration::from_millis(1000),
             tree: None,
+            start_percent: defaults::START_PERCENT,
             disable: false,
         }
     }
@@ -256,6 +262,13 @@ impl Settings {
                 "ZMEM_STATS_INTERVAL_MS" => {
                     let ms: u64 = v.parse().map_err(|_| bad("expected milliseconds"))?;
                     s.stats_interval = Duration::from_millis(ms.max(10));
+                }
+                "ZMEM_START_PERCENT" => {
+                    s.start_percent = v
+                        .parse()
+                        .ok()
+                        .filter(|p| (0..=100).contains(p))
+                        .ok_or_else(|| bad("expected a percent in 0..=100"))?;
                 }
                 "ZMEM_DISABLE" => s.disable = parse_bool(k, v)?,
                 "ZMEM_TREE" => s.tree = (!v.is_empty()).then(|| PathBuf::from(v)),
@@ -389,6 +402,8 @@ mod tests {
             ("ZMEM_COMPRESSOR", "snappy", "ZMEM_COMPRESSOR=snappy"),
             ("ZMEM_RECOMPRESS", "zstd:99", "ZMEM_RECOMPRESS=zstd:99"),
             ("ZMEM_MAX_POOL_PERCENT", "0", "1..=100"),
+            ("ZMEM_START_PERCENT", "150", "0..=100"),
+            ("ZMEM_START_PERCENT", "abc", "0..=100"),
             ("ZMEM_FOLIO", "48K", "power of two"),
             ("ZMEM_FAULT_AROUND", "12K", "power of two"),
             ("ZMEM_READ_AHEAD", "1G", "at most 64M"),

@@ -327,10 +327,20 @@ impl Tree {
         let pid = std::process::id();
         let start = start_time(pid).unwrap_or(0);
         let mine = (0..SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == pid);
+        let claim = || {
+            (0..SLOTS).find(|&i| self.slot(i).pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        };
         let i = match mine {
             Some(i) => i,
-            None => (0..SLOTS)
-                .find(|&i| self.slot(i).pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+            // Full: the slots of processes gone since the last sweep are
+            // freed first. A tree of short processes that never start a
+            // pager (`ZMEM_START_PERCENT`) has no reclaim thread to sweep,
+            // and one that ends with `_exit` or a signal keeps its slot.
+            None => claim()
+                .or_else(|| {
+                    self.sweep();
+                    claim()
+                })
                 .ok_or(TreeError::Full)?,
         };
         let s = self.slot(i);
@@ -404,15 +414,24 @@ impl Member {
     }
 }
 
-impl Drop for Member {
-    /// Gives the slot back (if it is still this process's: a forked child
-    /// that dropped its copy must not free its parent's).
-    fn drop(&mut self) {
+impl Member {
+    /// Gives the slot back now, if it is still this process's (a forked
+    /// child that drops its copy must not free its parent's). Atomics
+    /// only: an exit handler may call it.
+    pub fn give_back(&self) {
         if std::process::id() == self.pid {
+            self.left.store(true, Ordering::Relaxed);
             let s = self.tree.slot(self.slot);
             s.usage.store(0, Ordering::Relaxed);
             let _ = s.pid.compare_exchange(self.pid, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
+    }
+}
+
+impl Drop for Member {
+    /// Gives the slot back ([`Member::give_back`]).
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -554,6 +573,32 @@ mod tests {
         t.slot(1).start.store(1, Ordering::Relaxed);
         t.sweep();
         assert!(t.members().is_empty());
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// A segment whose every slot is taken frees those of processes gone
+    /// before it refuses one: short processes that ended with `_exit` keep
+    /// their slots, and a tree of them may have no reclaim thread to sweep.
+    #[test]
+    fn a_full_segment_sweeps_before_it_refuses_a_process() {
+        let p = path("full");
+        let t = Tree::create(&p, 1 << 30).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let init_start = start_time(1).unwrap();
+        for i in 0..SLOTS {
+            // pid 1 is alive; one slot holds a process that is gone.
+            t.slot(i).start.store(init_start, Ordering::Relaxed);
+            t.slot(i).pid.store(if i == 7 { gone } else { 1 }, Ordering::Release);
+        }
+        t.header().high_slot.store(SLOTS as u32, Ordering::Release);
+        let me = Tree::open(&p).unwrap().join().expect("the gone process's slot");
+        assert_eq!(me.slot, 7);
+        // Every slot a live process's: refused.
+        t.slot(7).start.store(init_start, Ordering::Relaxed);
+        t.slot(7).pid.store(1, Ordering::Release);
+        assert!(matches!(Tree::open(&p).unwrap().join(), Err(TreeError::Full)));
         let _ = std::fs::remove_file(&p);
     }
 

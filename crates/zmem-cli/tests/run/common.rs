@@ -399,3 +399,28 @@ pub(crate) fn run_managed_env(
     assert!(adopted >= 16 << 20 && evicted > 0, "adopted {adopted} B, evicted {evicted} folios; {}", text(&o));
     o
 }
+
+/// The anonymous memory of every process in `root`'s tree (itself and its
+/// descendants), in bytes, as the kernel counts it (`RssAnon`).
+pub(crate) fn tree_rss_anon(root: u32) -> u64 {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(ppid) = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok()) else {
+            continue;
+        };
+        children.entry(ppid).or_default().push(pid);
+    }
+    let (mut todo, mut total) = (vec![root], 0);
+    while let Some(p) = todo.pop() {
+        todo.extend(children.get(&p).into_iter().flatten());
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok());
+        total += kb.unwrap_or(0) << 10;
+    }
+    total
+}

@@ -11,3 +11,4 @@ mod runtimes;
 mod sandboxes;
 mod servers;
 mod shim;
+mod start;

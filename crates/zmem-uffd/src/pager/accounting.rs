@@ -68,10 +68,10 @@ impl Inner {
         }
     }
 
-    /// The smallest share of a tree's limit a process gets: four reclaim
-    /// batches.
+    /// The smallest share of a tree's limit a process gets
+    /// (`PagerConfig::share_floor`).
     pub(super) fn share_floor(&self) -> usize {
-        4 * self.cfg.folio_size * self.cfg.batch_folios()
+        self.cfg.share_floor()
     }
 
     pub(super) fn high(&self) -> usize {

@@ -180,6 +180,12 @@ impl PagerConfig {
         self.reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / self.folio_size.max(1))
     }
 
+    /// The smallest share of a tree's limit a process gets: four reclaim
+    /// batches.
+    pub fn share_floor(&self) -> usize {
+        4 * self.folio_size * self.batch_folios()
+    }
+
     /// Pages a fault that continues no stream loads (see `fault_around`);
     /// `None`: whole folios.
     pub fn fault_around_pages(&self) -> Option<usize> {

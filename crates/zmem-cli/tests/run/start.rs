@@ -1,0 +1,112 @@
+//! A pager that starts late (`ZMEM_START_PERCENT`): a process under its
+//! start point runs with no pager, and one that crosses it is managed from
+//! there on, alone or among many others of its tree.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// A Python program that starts small (the interpreter, ~6 MiB), names
+/// zmem's threads, then fills `argv[1]` MiB of distinct blocks, names
+/// them again, and checks every block. Its imports, [`PY_BLOCKS`], then
+/// the rest.
+const PY_LATE: &str = r#"
+import hashlib, os, sys
+def zmem_threads():
+    names = []
+    for t in os.listdir('/proc/self/task'):
+        try:
+            names.append(open(f'/proc/self/task/{t}/comm').read().strip())
+        except OSError:
+            pass
+    return sorted(n for n in names if n.startswith('zmem-') and not n.startswith('zmem-handler-'))
+print('before:', ' '.join(zmem_threads()))
+"#;
+const PY_LATE_CHECKS: &str = r#"
+print('after:', ' '.join(zmem_threads()))
+for i, b in enumerate(blocks):
+    assert b[:8] == i.to_bytes(8, 'little') and b[8:] == text[8:], i
+print('checked', mib)
+"#;
+
+/// A process that runs well under its start point has only the stats
+/// thread of zmem's, and no stats file; once it fills 4x the limit its
+/// pager has started (the reclaim thread is there), adopted what it had
+/// mapped before, evicted, and every block reads back as written.
+#[test]
+fn a_process_that_crosses_the_start_point_late_is_managed_from_there_and_reads_every_page_back() {
+    let prog = format!("{PY_LATE}{PY_BLOCKS}{PY_LATE_CHECKS}");
+    let o = run_managed("late-start", "64M", &["python3", "-c", &prog, "256"], "checked 256", 300);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("before: zmem-stats\n"), "only the stats thread before the crossing; {}", text(&o));
+    let after = out.lines().find_map(|l| l.strip_prefix("after: ")).unwrap_or_default();
+    assert!(after.split(' ').any(|t| t == "zmem-reclaim"), "the pager runs after the crossing; {}", text(&o));
+}
+
+/// The same program with `ZMEM_START_PERCENT=0` has its pager from the
+/// start, as before the start point existed.
+#[test]
+fn start_percent_zero_starts_the_pager_at_load() {
+    let prog = format!("{PY_LATE}{PY_BLOCKS}{PY_LATE_CHECKS}");
+    let o = run_managed_env(
+        "start-at-load",
+        "64M",
+        &["python3", "-c", &prog, "96"],
+        &[("ZMEM_START_PERCENT", "0")],
+        "checked 96",
+        300,
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let before = out.lines().find_map(|l| l.strip_prefix("before: ")).unwrap_or_default();
+    assert!(before.split(' ').any(|t| t == "zmem-reclaim"), "{}", text(&o));
+}
+
+/// Many short processes, four at a time, each filling 40 MiB and checking
+/// it, under one 64M limit: each starts its pager as it crosses its start
+/// point (its share of what the others leave), and the tree holds the
+/// limit as it does for processes that start their pagers at load. The
+/// anonymous memory of the whole tree (RssAnon, sampled every 10 ms) stays
+/// within the limit plus zmem's own memory outside it, about 9 MiB a
+/// process; unmanaged, four processes hold 160 MiB.
+#[test]
+fn a_tree_of_many_short_processes_holds_its_limit() {
+    let alloc = compile_alloc();
+    let stats = tmpdir("short-procs-stats");
+    let swap = tmpdir("short-procs-swap");
+    let script = format!(
+        "for r in 1 2 3 4 5 6; do for j in 1 2 3 4; do ( {a} 40 >/dev/null || echo FAILED ) & done; wait; done; echo done",
+        a = alloc.display()
+    );
+    let child = Command::new(zmem_exe())
+        .args(["run", "--limit", "64M", "--swapfile", swap.to_str().unwrap(), "--", "sh", "-c", &script])
+        .env("ZMEM_PRELOAD", preload())
+        .env("ZMEM_STATS_DIR", &stats)
+        .env("ZMEM_STATS_INTERVAL_MS", "50")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let root = child.id();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0;
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while Path::new(&format!("/proc/{root}")).exists() && Instant::now() < deadline {
+            if std::fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|s| s.contains(") Z")) {
+                break;
+            }
+            peak = peak.max(tree_rss_anon(root));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    });
+    let o = child.wait_with_output().unwrap();
+    let rss_peak = sampler.join().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("done") && !out.contains("FAILED"), "{}", text(&o));
+    let evicted = pager_max(&stats, "evicted_folios");
+    eprintln!("evicted {evicted} folios (most of one process); RssAnon peak over the tree {} MiB", rss_peak >> 20);
+    assert!(evicted > 0, "the processes started their pagers and evicted; {}", text(&o));
+    assert!(rss_peak <= (64 + 4 * 9) << 20, "RssAnon over the tree peaked at {} MiB", rss_peak >> 20);
+}
