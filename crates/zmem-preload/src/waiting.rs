@@ -110,7 +110,7 @@ pub(crate) fn begin(settings: Settings) -> Result<(), Box<Settings>> {
             None
         }
     });
-    let floor = settings.pager_config().share_floor();
+    let floor = settings.share_floor();
     let (dir, interval) = (settings.stats_dir.clone(), settings.stats_interval);
     *WAITING.lock_ok() = Some(Waiting {
         pid: std::process::id(),

@@ -313,6 +313,12 @@ impl Settings {
     }
 
     /// The pager these settings describe.
+    /// `PagerConfig::share_floor` of [`Settings::pager_config`], without
+    /// building it.
+    pub fn share_floor(&self) -> usize {
+        PagerConfig::share_floor_for(self.folio, defaults::RECLAIM_BATCH)
+    }
+
     pub fn pager_config(&self) -> PagerConfig {
         let mut cfg = PagerConfig::with_limit(self.limit);
         cfg.folio_size = self.folio;
@@ -395,6 +401,10 @@ mod tests {
         let d = Settings::from_vars::<&str, &str>([]).unwrap().pager_config();
         assert_eq!(d.strong_codec.map(|c| c.to_string()).as_deref(), Some("zstd:1"));
         let off = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap().pager_config();
+        for folio in ["4K", "64K", "2M"] {
+            let s = Settings::from_vars([("ZMEM_FOLIO", folio)]).unwrap();
+            assert_eq!(s.share_floor(), s.pager_config().share_floor(), "{folio}");
+        }
         assert_eq!(off.strong_codec, None);
         for (k, v, why) in [
             ("ZMEM_LIMIT", "lots", "ZMEM_LIMIT=lots"),

@@ -177,13 +177,24 @@ impl PagerConfig {
     /// out in one `UFFDIO_MOVE` (one TLB shootdown), so the per-call costs
     /// of a pass do not grow as folios shrink.
     pub fn batch_folios(&self) -> usize {
-        self.reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / self.folio_size.max(1))
+        Self::batch_folios_for(self.folio_size, self.reclaim_batch)
+    }
+
+    /// [`PagerConfig::batch_folios`] of a config with these fields.
+    pub fn batch_folios_for(folio_size: usize, reclaim_batch: usize) -> usize {
+        reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / folio_size.max(1))
     }
 
     /// The smallest share of a tree's limit a process gets: four reclaim
     /// batches.
     pub fn share_floor(&self) -> usize {
-        4 * self.folio_size * self.batch_folios()
+        Self::share_floor_for(self.folio_size, self.reclaim_batch)
+    }
+
+    /// [`PagerConfig::share_floor`] of a config with these fields (no
+    /// config need be built: the tier's defaults read `/proc/meminfo`).
+    pub fn share_floor_for(folio_size: usize, reclaim_batch: usize) -> usize {
+        4 * folio_size * Self::batch_folios_for(folio_size, reclaim_batch)
     }
 
     /// Pages a fault that continues no stream loads (see `fault_around`);
