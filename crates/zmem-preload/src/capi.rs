@@ -2,8 +2,9 @@
 
 use std::ffi::{c_int, c_void};
 
+use crate::errno::set_errno;
 use crate::guard::guarded;
-use crate::init::{lookup, managed_alloc, managed_free, set_errno, shim};
+use crate::init::{lookup, managed_alloc, managed_free, shim};
 use crate::stats::stats_json;
 
 /// A program that calls the API asks for a pager: one that waits to start

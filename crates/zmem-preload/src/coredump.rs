@@ -178,7 +178,7 @@ extern "C" fn on_fatal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void
     if !crate::guard::in_zmem() && may_dump() {
         match STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                crate::init::give_back_for_dump();
+                crate::modes::give_back_for_dump();
                 STATE.store(2, Ordering::Release);
             }
             // Another thread crashed too and gives it back: its dump
@@ -208,7 +208,7 @@ extern "C" fn on_fatal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void
         // SAFETY: as above.
         unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
     }
-    crate::init::set_errno(errno);
+    crate::errno::set_errno(errno);
 }
 
 /// `sigaction(2)` as the program sees it: the shim's handler reads as

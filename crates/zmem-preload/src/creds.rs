@@ -13,7 +13,7 @@
 //!
 //! So where the caller's capabilities differ from a zmem thread's, the call
 //! is made with no thread of zmem's in the process
-//! (`init::single_threaded`); the new pager's threads then start with the
+//! (`modes::single_threaded`); the new pager's threads then start with the
 //! caller's credentials. Otherwise it goes straight to glibc.
 //!
 //! `capset` changes the caller's thread alone, even in glibc. After one
@@ -68,7 +68,7 @@ fn diverged() -> bool {
 /// differ from the caller's (see the module's doc).
 fn change(f: impl FnOnce() -> c_int) -> c_int {
     if crate::init::has_zmem_threads() && crate::guard::guarded(diverged).unwrap_or(false) {
-        crate::init::single_threaded(f)
+        crate::modes::single_threaded(f)
     } else {
         f()
     }
@@ -94,7 +94,7 @@ macro_rules! set_ids {
             let name = CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()).expect("one NUL, last");
             let f = next(&NEXT, name);
             if f == 0 {
-                crate::init::set_errno(libc::ENOSYS);
+                crate::errno::set_errno(libc::ENOSYS);
                 return -1;
             }
             // SAFETY: f is the C library's function of this name, of this type.
@@ -132,7 +132,7 @@ pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_i
 pub(crate) fn capabilities_set(call: impl FnOnce() -> c_long) -> c_long {
     let r = call();
     if r == 0 && crate::init::has_zmem_threads() && crate::guard::guarded(diverged).unwrap_or(false) {
-        crate::init::keeping_errno(|| crate::init::single_threaded(|| ()));
+        crate::errno::keeping_errno(|| crate::modes::single_threaded(|| ()));
     }
     r
 }

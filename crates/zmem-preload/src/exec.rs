@@ -478,7 +478,7 @@ type ExecvpeFn = unsafe extern "C" fn(*const c_char, *const *const c_char, *cons
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     let Some(next) = carry().map(|c| c.execvpe).filter(|&f| f != 0) else {
-        crate::init::set_errno(libc::ENOSYS);
+        crate::errno::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: `next` is the C library's execvpe (dlsym), of this type.
@@ -564,7 +564,7 @@ pub unsafe extern "C" fn posix_spawnp(
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     zmem_uffd::unhold_current_thread();
     let Some(next) = carry().map(|c| c.system).filter(|&f| f != 0) else {
-        crate::init::set_errno(libc::ENOSYS);
+        crate::errno::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: `next` is the C library's `system` (dlsym).
@@ -578,7 +578,7 @@ pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     zmem_uffd::unhold_current_thread();
     let Some(next) = carry().map(|c| c.popen).filter(|&f| f != 0) else {
-        crate::init::set_errno(libc::ENOSYS);
+        crate::errno::set_errno(libc::ENOSYS);
         return std::ptr::null_mut();
     };
     type PopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;

@@ -12,7 +12,7 @@ use std::ffi::{c_int, c_uint};
 
 use zmem_common::fds;
 
-use crate::init::set_errno;
+use crate::errno::set_errno;
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {

@@ -1,9 +1,10 @@
 //! Reentrancy and unwinding: zmem's own code never manages its own memory,
 //! and no panic crosses the C ABI.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::init::BROKEN;
+/// The shim panicked once: it manages no new memory.
+pub(crate) static BROKEN: AtomicBool = AtomicBool::new(false);
 
 /// Set while this thread runs shim code, and for good on zmem's threads
 /// (a per-thread flag, `flags.rs`).

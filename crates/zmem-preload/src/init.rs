@@ -1,11 +1,13 @@
-//! The shim's state, started on first use from the `ZMEM_*` environment.
+//! The shim's state, started from the `ZMEM_*` environment as the library
+//! loads: the running shim, the managed mappings, and what the program may
+//! have managed. Fork's steps are in `fork.rs`, the calls that need zmem
+//! out of the way in `modes.rs`, a late start in `waiting.rs`.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{OnceLock, RwLock, RwLockWriteGuard};
+use std::sync::{OnceLock, RwLock};
 use zmem_common::fds::Wait;
 use zmem_common::RwLockExt;
 
@@ -14,7 +16,6 @@ use zmem_uffd::tree::Warning;
 use zmem_uffd::{Pager, Region};
 
 use crate::guard::{guarded, in_zmem, mark_internal_thread};
-use crate::tasks::{keep_self_stat, others_than_zmem, threads};
 
 /// A managed mapping.
 pub(crate) struct Managed {
@@ -42,7 +43,7 @@ pub(crate) static REGIONS: RwLock<Table> = RwLock::new(BTreeMap::new());
 /// This process's shim: null before the start, or when it could not start.
 /// Each is leaked (a forked child abandons its parent's without dropping
 /// it: that pager's threads are not in the child).
-static CURRENT: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+pub(crate) static CURRENT: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
 /// The first start has been tried.
 static TRIED: OnceLock<()> = OnceLock::new();
 /// Managed mappings alive: `free` looks up only while there are some.
@@ -50,23 +51,8 @@ pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// A forked child whose own pager could not start: it manages nothing new,
 /// and the parent's regions are plain memory of the child.
 pub(crate) static CHILD: AtomicBool = AtomicBool::new(false);
-/// The shim panicked once: it manages no new memory.
-pub(crate) static BROKEN: AtomicBool = AtomicBool::new(false);
 
-type Table = BTreeMap<usize, Managed>;
-
-/// What the forking thread holds from the prepare step of fork to its
-/// parent or child step: no region is made or freed meanwhile, no range of
-/// zmem's is being recorded, and the child starts with all of it unlocked.
-struct ForkGuards {
-    waiting: std::sync::MutexGuard<'static, Option<crate::waiting::Waiting>>,
-    table: RwLockWriteGuard<'static, Table>,
-    owned: zmem_common::owned::ForkGuard,
-}
-
-thread_local! {
-    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
-}
+pub(crate) type Table = BTreeMap<usize, Managed>;
 
 /// This process's running shim, if any.
 pub(crate) fn current() -> Option<&'static Shim> {
@@ -77,7 +63,7 @@ pub(crate) fn current() -> Option<&'static Shim> {
 
 /// The process whose shim `CURRENT` is: a vfork child shares the memory
 /// (and `CURRENT`) of its parent, not its threads.
-static SHIM_PID: AtomicU32 = AtomicU32::new(0);
+pub(crate) static SHIM_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Whether this is the process whose shim runs (not a vfork child, and
 /// with a shim).
@@ -91,128 +77,9 @@ pub(crate) fn has_zmem_threads() -> bool {
     is_shim_process() || guarded(crate::waiting::is_waiting).unwrap_or(false)
 }
 
-fn install(s: Shim) {
+pub(crate) fn install(s: Shim) {
     SHIM_PID.store(std::process::id(), Ordering::Relaxed);
     CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
-}
-
-/// pthread_atfork's prepare step: the child must see exactly the parent's
-/// memory, and it has neither the pager's threads nor a userfaultfd
-/// registration. So every evicted folio is loaded back first
-/// (`Pager::fork_prepare`), with reclaim frozen until the parent step.
-/// vfork and posix_spawn run no atfork handlers, and need none: the child
-/// execs (or exits) without touching the parent's memory.
-extern "C" fn before_fork() {
-    guarded(|| {
-        // The child must not inherit the mask of a thread held on the
-        // handler's CPU (`zmem_uffd::unhold_current_thread`).
-        zmem_uffd::unhold_current_thread();
-        // First: a late start under way finishes before anything else is
-        // held (it takes the locks below).
-        let waiting = crate::waiting::fork_lock();
-        let table = REGIONS.write_ok();
-        if let Some(s) = current() {
-            s.pager.fork_prepare();
-        }
-        let owned = zmem_common::owned::fork_lock();
-        FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { waiting, table, owned }));
-        // Last: nothing above may allocate once it is held.
-        crate::heap::fork_lock();
-    });
-}
-
-extern "C" fn after_fork_in_parent() {
-    guarded(|| {
-        crate::heap::fork_unlock();
-        FORK_GUARDS.with(|f| f.borrow_mut().take());
-        if let Some(s) = current() {
-            s.pager.fork_parent();
-        }
-    });
-}
-
-/// In the child: the parent's pager is the parent's (its threads are not
-/// here, and its userfaultfd registration was not inherited), so it is
-/// abandoned, and the child starts a pager of its own under the same
-/// settings (and in the same tree). The parent's regions, whole since the
-/// prepare step, become inherited entries of the table, adopted by the new
-/// pager.
-extern "C" fn after_fork_in_child() {
-    // A child inherits no memory locks (mlockall's MCL_FUTURE included).
-    LOCKED_ALL.store(false, Ordering::Relaxed);
-    // The parent's other threads' descriptor sections and closes are not
-    // in the child: before anything here closes a descriptor.
-    zmem_common::fds::reset_in_child();
-    crate::stats::after_fork_in_child();
-    // SAFETY: this thread is the child's only one. First: the new pager's
-    // handler takes its allocations there.
-    unsafe { crate::heap::fork_child_side_heap() };
-    // This thread is the child's only one, and held the guards at fork.
-    let _ = guarded(|| {
-        crate::heap::fork_unlock();
-        let guards = FORK_GUARDS.with(|f| f.borrow_mut().take());
-        let Some(parent) = current() else {
-            // A waiting parent's child waits too.
-            if let Some(ForkGuards { waiting, table, owned }) = guards {
-                drop(owned);
-                drop(table);
-                crate::waiting::after_fork_in_child(waiting);
-            }
-            return;
-        };
-        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
-        let mut inherited = Vec::new();
-        if let Some(ForkGuards { waiting, mut table, owned }) = guards {
-            drop(waiting);
-            drop(owned);
-            for (&start, m) in table.iter_mut() {
-                if let Some(r) = m.region.take() {
-                    // The region's drop would reach the parent's pager.
-                    std::mem::forget(r);
-                    // No longer zmem's: the child's pager may adopt it.
-                    zmem_common::owned::remove(start as u64);
-                    inherited.push((start, m.cap));
-                }
-            }
-        }
-        if crate::stats::root_left() {
-            // A pager here would need `/proc`, the swap directory and the
-            // tree's segment by their paths, which lead into the new root
-            // now. A hand-over link (ZMEM_FORK_EVENT) closes with the rest:
-            // the parent then copies this child's memory in whole.
-            if parent.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
-                log::warn!(
-                    "process {} was forked after its parent changed its root (chroot): without /proc and the \
-                     swap directory zmem cannot start a pager in it. It runs unmanaged (no limit), as will any \
-                     other process of the tree for this reason",
-                    std::process::id()
-                );
-            }
-            // SAFETY: as below.
-            unsafe { parent.pager.abandon_in_child() };
-            CHILD.store(true, Ordering::Relaxed);
-            return;
-        }
-        // Taken before the parent's pager is abandoned, which closes the
-        // rest of what it kept open.
-        let link = parent.pager.fork_link_in_child();
-        // SAFETY: the parent's shim is leaked, and this process never
-        // reaches it again (CURRENT no longer points to it).
-        unsafe { parent.pager.abandon_in_child() };
-        match start(parent.settings.clone(), link) {
-            Some(s) => {
-                s.pager.mark_forked();
-                // With a hand-over these are the child's already.
-                for (start, cap) in inherited {
-                    if let Err(e) = s.pager.adopt(start as u64, cap) {
-                        log::debug!("inherited mapping at {start:#x} not adopted: {e}");
-                    }
-                }
-                install(s);
-            }
-            None => CHILD.store(true, Ordering::Relaxed),
-        }
-    });
 }
 
 /// Starts the shim as the library is loaded (or at a large malloc, if
@@ -317,7 +184,13 @@ fn register_handlers() {
     // SAFETY: registers plain functions with no arguments. Each runs
     // guarded; the child step starts this process's own pager, with glibc's
     // locks (malloc's included) reset and zmem's released.
-    let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
+    let r = unsafe {
+        libc::pthread_atfork(
+            Some(crate::fork::before_fork),
+            Some(crate::fork::after_fork_in_parent),
+            Some(crate::fork::after_fork_in_child),
+        )
+    };
     if r != 0 {
         log::warn!("pthread_atfork failed ({r}); a forked child may misbehave");
     }
@@ -335,7 +208,7 @@ fn register_handlers() {
 /// Says why this process runs unmanaged, once per tree: every process of
 /// the tree that cannot start a pager (a pyenv shim's 35 bash processes
 /// under `ulimit -v`) has the same reason.
-fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>) {
+pub(crate) fn warn_unmanaged(settings: &Settings, w: Warning, why: std::fmt::Arguments<'_>) {
     if first_in_tree(settings, w) {
         log::warn!("{why}. It runs unmanaged (no limit), as will any other process of the tree for this reason");
     }
@@ -387,7 +260,7 @@ fn first_in_tree(settings: &Settings, w: Warning) -> bool {
 /// This process, for a message: the name the kernel keeps
 /// (`/proc/self/comm`) and its pid.
 /// Without `/proc` (a new root), the calling thread's name.
-fn program() -> String {
+pub(crate) fn program() -> String {
     let comm = zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_else(|_| {
         let mut name = [0u8; 16];
         // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into
@@ -457,7 +330,7 @@ fn running_on_valgrind() -> bool {
 /// A pager under `settings`, and the thread that writes its stats file.
 /// In a forked child with the parent's hand-over `link`, the pager takes
 /// this process's userfaultfd and evicted pages over from the parent.
-fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
+pub(crate) fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Option<Shim> {
     let s = start_pager(settings, link)?;
     if let Err(e) = crate::stats::start_thread(s.settings.stats_dir.clone(), s.settings.stats_interval) {
         log::warn!("no stats thread: {e}");
@@ -535,202 +408,6 @@ fn start_pager(mut settings: Settings, link: Option<std::os::fd::OwnedFd>) -> Op
     Some(Shim { pager, settings })
 }
 
-/// Runs `f` (`unshare(CLONE_NEWUSER)`, `setns` into a user namespace) with
-/// no thread of zmem's in the process: the kernel refuses those to a
-/// process with more than one thread (EINVAL), and the pager's threads
-/// made every managed process one, so `unshare -r` and bubblewrap failed
-/// under `zmem run`. The pager lets go of the memory (`Pager::let_go`:
-/// loaded back, unregistered; zmem's mappings become plain memory of the
-/// program, as at fork in a child), its threads and the stats thread are
-/// joined, and once `f` has run a new pager adopts it all again. A process
-/// with threads of its own is left as it is: there `f` fails as it would
-/// without zmem.
-pub(crate) fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
-    // Not in a vfork child: the pager is its parent's, and nothing may
-    // allocate there.
-    // The program's errno goes into the call as it came: the work below
-    // (reads of /proc, sleeps, the pager's end) may leave EAGAIN there, and
-    // a call that succeeds does not clear it (Python's `ctypes` read 11
-    // after an `unshare` that returned 0).
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    // A waiting process's only thread of zmem's is the stats thread.
-    if guarded(crate::waiting::pause).unwrap_or(false) {
-        set_errno(errno);
-        let r = f();
-        keeping_errno(|| {
-            guarded(crate::waiting::resume);
-        });
-        return r;
-    }
-    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
-        set_errno(errno);
-        return f();
-    }
-    let Some(old) = current().filter(|_| !others_than_zmem(rustix::thread::gettid().as_raw_nonzero().get())) else {
-        set_errno(errno);
-        return f();
-    };
-    let root_left = crate::stats::root_left();
-    if root_left && old.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
-        log::warn!(
-            "{} changes its credentials or namespaces after changing its root (chroot): zmem gives its memory \
-             back first, and without /proc and the swap directory it cannot start a pager again. It runs \
-             unmanaged (no limit), as will any other process of the tree for this reason",
-            program()
-        );
-    }
-    let inherited = let_go(old);
-    // The io_uring workers of the swap file the pager closed end on their own.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while threads() > 1 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    set_errno(errno);
-    let r = f();
-    if !root_left {
-        keeping_errno(|| take_back(old, inherited));
-    }
-    r
-}
-
-/// Runs `f`, a call that puts this process under a seccomp filter
-/// (`sandbox.rs`), with no thread of zmem's left: the memory is given back
-/// as in [`single_threaded`], the stats file goes, and the process stays
-/// unmanaged after, as do the children it forks. Where `failed` says the
-/// call installed nothing, a new pager takes the memory back. Other
-/// threads of the program may run meanwhile: they wait at the table for
-/// their own munmaps, and the handler serves their faults until every
-/// region is whole.
-pub(crate) fn sandboxed<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
-    // A waiting process stops waiting, as a managed one lets go.
-    if let Some(settings) = guarded(crate::waiting::end).flatten() {
-        let r = f();
-        if failed(&r) && !crate::stats::root_left() {
-            keeping_errno(|| {
-                guarded(|| {
-                    if let Err(settings) = crate::waiting::begin(settings) {
-                        start_late(*settings);
-                    }
-                });
-            });
-        }
-        return r;
-    }
-    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
-        return f();
-    }
-    let Some(old) = current() else { return f() };
-    // Said now: once the filter is in, even a write to stderr may be
-    // forbidden. And only where this thread may write to a file: OpenSSH's
-    // pre-authentication child sets `RLIMIT_FSIZE` to 0 first, and a write
-    // to its log file (`sshd -e` into a file) would end it with SIGXFSZ.
-    let mut fsize = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes the struct it is given, which is ours.
-    let may_write =
-        unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut fsize) } == 0 && fsize.rlim_cur == libc::RLIM_INFINITY;
-    if may_write {
-        warn_unmanaged(
-            &old.settings,
-            Warning::Sandboxed,
-            format_args!(
-                "{} puts itself under a seccomp filter, which may forbid the calls zmem makes on its \
-             threads (with TSYNC, on zmem's own): zmem gives its memory back first",
-                program()
-            ),
-        );
-    }
-    let inherited = let_go(old);
-    crate::stats::remove_for_good();
-    let r = f();
-    // Not in a new root: a pager there would need `/proc` and the swap
-    // directory by their paths (see `single_threaded`).
-    if failed(&r) && !crate::stats::root_left() {
-        crate::stats::not_gone();
-        keeping_errno(|| take_back(old, inherited));
-    }
-    r
-}
-
-/// Runs `f`, a call that changes this process's root (`chroot`,
-/// `pivot_root`; `sandbox.rs`). The process stays managed: what its pager
-/// uses from then on is open already (the userfaultfd, the swap file, the
-/// tree's segment, `/proc/thread-self/maps`, `statm` and `pagemap`), and a
-/// child it forks starts its pager before it runs on. What zmem finds by a
-/// path that now leads into the new root goes first: the stats file
-/// (`stats::leave_root`). Not in a vfork child, whose memory (the flag
-/// that stops the stats) is its parent's.
-pub(crate) fn leaving_root<R>(f: impl FnOnce() -> R, failed: impl FnOnce(&R) -> bool) -> R {
-    // A waiting process starts its pager now, while `/proc` and the swap
-    // directory are at their paths.
-    keeping_errno(|| {
-        guarded(crate::waiting::start_now);
-    });
-    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() || current().is_none() {
-        return f();
-    }
-    keep_self_stat();
-    let left_before = crate::stats::leave_root();
-    let r = f();
-    if failed(&r) && !left_before {
-        crate::stats::root_kept();
-    }
-    r
-}
-
-/// Lets `old`, this process's running shim, go (`Pager::let_go`): from
-/// here the process has no shim, nothing new is managed, and zmem's
-/// threads (the stats thread too) are joined. Returns what it managed,
-/// plain memory now: (start, length).
-fn let_go(old: &'static Shim) -> Vec<(usize, usize)> {
-    guarded(|| {
-        zmem_uffd::unhold_current_thread();
-        let mut table = REGIONS.write_ok();
-        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
-        crate::stats::stop_thread();
-        // SAFETY: the old shim is leaked (CURRENT no longer points to it)
-        // and its regions are forgotten below; its pager is the process's
-        // only one.
-        unsafe { old.pager.let_go() };
-        let mut inherited = Vec::new();
-        for (&start, m) in table.iter_mut() {
-            if let Some(r) = m.region.take() {
-                // Given back, plain memory now: a region's drop would
-                // unmap it through the pager let go of.
-                std::mem::forget(r);
-                zmem_common::owned::remove(start as u64);
-                inherited.push((start, m.cap));
-            }
-        }
-        inherited
-    })
-    .unwrap_or_default()
-}
-
-/// Gives this process's memory back before a core dump (`coredump.rs`):
-/// loaded back and unregistered, zmem's threads joined, as for `unshare`.
-/// Not in a vfork child, whose memory is its parent's.
-pub(crate) fn give_back_for_dump() {
-    if SHIM_PID.load(Ordering::Relaxed) != std::process::id() {
-        return;
-    }
-    if let Some(old) = current() {
-        let _ = let_go(old);
-    }
-}
-
-/// A new pager, under `old`'s settings, adopts what [`let_go`] gave back.
-fn take_back(old: &'static Shim, inherited: Vec<(usize, usize)>) {
-    let _ = guarded(|| {
-        let Some(s) = start(old.settings.clone(), None) else { return };
-        for (start, cap) in inherited {
-            if let Err(e) = s.pager.adopt(start as u64, cap) {
-                log::debug!("a mapping at {start:#x} not adopted again: {e}");
-            }
-        }
-        install(s);
-    });
-}
-
 /// Maps `len` bytes of managed memory, or `None` (the caller falls back).
 pub(crate) fn managed_alloc(len: usize) -> Option<*mut c_void> {
     let s = shim()?;
@@ -790,7 +467,7 @@ pub(crate) fn wants_malloc(len: usize) -> bool {
 }
 
 /// The program called `mlockall(MCL_FUTURE)`: nothing new is managed.
-static LOCKED_ALL: AtomicBool = AtomicBool::new(false);
+pub(crate) static LOCKED_ALL: AtomicBool = AtomicBool::new(false);
 
 /// The program locked `[addr, addr + len)`: never adopted.
 pub(crate) fn locked(addr: usize, len: usize) {
@@ -832,7 +509,7 @@ pub(crate) fn wants(len: usize) -> bool {
     !LOCKED_ALL.load(Ordering::Relaxed)
         && !in_zmem()
         && !CHILD.load(Ordering::Relaxed)
-        && !BROKEN.load(Ordering::Relaxed)
+        && !crate::guard::BROKEN.load(Ordering::Relaxed)
         && len >= threshold()
 }
 
@@ -843,22 +520,4 @@ pub(crate) fn threshold() -> usize {
         None if TRIED.get().is_some() || CHILD.load(Ordering::Relaxed) => usize::MAX,
         None => Settings::DEFAULT_THRESHOLD,
     }
-}
-
-/// Runs `f`, the shim's own work after a call of the program's, and gives
-/// the program's thread back the `errno` that call left: starting a pager
-/// makes calls of its own, and the program reads `errno` after ours (Python
-/// read `EAGAIN` after an `unshare` that succeeded; a failed one would have
-/// reported the wrong error).
-pub(crate) fn keeping_errno(f: impl FnOnce()) {
-    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    f();
-    set_errno(e);
-}
-
-pub(crate) fn set_errno(e: c_int) {
-    // SAFETY: __errno_location has no preconditions.
-    let slot = unsafe { libc::__errno_location() };
-    // SAFETY: it returns this thread's errno slot, valid and aligned.
-    unsafe { *slot = e };
 }

@@ -45,29 +45,49 @@
 //!
 //! Every process of a `zmem run` shares one limit: `ZMEM_TREE` names the
 //! tree's accounting segment (`zmem_uffd::tree`), and each pager keeps its
-//! usage within its share.
+//! usage within its share. A process starts its pager only once the tree's
+//! memory is halfway to the limit (`waiting.rs`); until then it counts
+//! itself in the tree and its stats thread looks.
+//!
+//! # Files
+//! - `init.rs`: the running shim, its start, the managed-mapping table;
+//!   `fork.rs`: fork's three steps; `waiting.rs`: a pager that starts late;
+//!   `modes.rs`: `unshare`, `setns`, seccomp and `chroot` (zmem out of the
+//!   way, or started first); `ns.rs`: the `unshare` and `setns` interposers.
+//! - `mmap.rs`, `malloc.rs`, `heap.rs`, `next.rs`: the interposed memory
+//!   calls, zmem's own heap, the program's allocator.
+//! - `threads.rs`, `tasks.rs`: the program's threads and their stacks.
+//! - `uaccess.rs`: system-call buffers loaded first (user-mode-only
+//!   userfaultfd); `creds.rs`, `sandbox.rs`, `exec.rs`, `fds.rs`: the calls
+//!   that change credentials, sandboxes, programs and descriptors.
+//! - `stats.rs`, `meminfo.rs`, `sysmem.rs`: the stats file and what the
+//!   program is told of memory; `coredump.rs`: memory back before a dump.
+//! - Leaves: `guard.rs` (reentrancy, panics), `flags.rs` (per-thread
+//!   flags), `errno.rs`; `capi.rs`: `include/zmem.h`.
 //!
 //! # Partial munmap
 //! Unmapping part of a managed mapping drops its pages (`MADV_DONTNEED`, so
 //! the pager frees their entries) and makes the range `PROT_NONE`; the
 //! address range is returned when the whole mapping is unmapped.
 #![allow(clippy::missing_safety_doc)]
-// The stats document is one `serde_json::json!` literal (`stats.rs`).
-#![recursion_limit = "256"]
 
 mod capi;
 mod coredump;
 mod creds;
+mod errno;
 mod exec;
 mod fds;
 mod flags;
+mod fork;
 mod guard;
 mod heap;
 mod init;
 mod malloc;
 mod meminfo;
 mod mmap;
+mod modes;
 mod next;
+mod ns;
 mod sandbox;
 mod stats;
 mod sysmem;

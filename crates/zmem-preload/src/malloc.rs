@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use zmem_common::RwLockExt;
 
+use crate::errno::set_errno;
 use crate::guard::guarded;
 use crate::heap;
-use crate::init::{
-    adopts_chunks, current, lookup, managed_alloc, managed_free, set_errno, threshold, wants_malloc, REGIONS,
-};
+use crate::init::{adopts_chunks, current, lookup, managed_alloc, managed_free, threshold, wants_malloc, REGIONS};
 use crate::next::{self, allocator, Allocator};
 use crate::PAGE;
 

@@ -17,7 +17,7 @@
 //! So a call that installs a filter (`prctl(PR_SET_SECCOMP)`, or the
 //! `seccomp` system call through glibc's `syscall`, which libseccomp
 //! uses) first gives the memory back and stops zmem's threads
-//! (`init::sandboxed`, as `unshare` does), and removes the stats file. The
+//! (`modes::sandboxed`, as `unshare` does), and removes the stats file. The
 //! process then runs unmanaged, as do the children it forks; a program it
 //! execs starts a shim of its own, under the filter (a filter that returns
 //! an error, as container runtimes' do, turns that shim off). Should the
@@ -40,7 +40,7 @@
 //!
 //! A program that changes its root (`chroot`, or `pivot_root` through
 //! `syscall`) stays managed; the stats file, which zmem finds by its path,
-//! goes first (`init::leaving_root`).
+//! goes first (`modes::leaving_root`).
 //!
 //! Whatever killed the program's last thread, zmem's threads must not keep
 //! the process alive: the stats thread ends it as the kernel would have
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ul
     let call = || unsafe { libc::syscall(libc::SYS_prctl, option, a2, a3, a4, a5) } as c_int;
     let sets = option == libc::PR_SET_SECCOMP && (a2 == PRCTL_MODE_STRICT || (a2 == PRCTL_MODE_FILTER && a3 != 0));
     if sets {
-        crate::init::sandboxed(call, |&r| r != 0)
+        crate::modes::sandboxed(call, |&r| r != 0)
     } else {
         call()
     }
@@ -99,14 +99,14 @@ pub unsafe extern "C" fn syscall(
     // glibc's `syscall` would make it.
     let call = || unsafe { raw(n, [a1, a2, a3, a4, a5, a6]) };
     match n {
-        libc::SYS_seccomp if installs(a1, a2, a3) => crate::init::sandboxed(call, |&r| r < 0),
-        libc::SYS_chroot | libc::SYS_pivot_root => crate::init::leaving_root(call, |&r| r < 0),
+        libc::SYS_seccomp if installs(a1, a2, a3) => crate::modes::sandboxed(call, |&r| r < 0),
+        libc::SYS_chroot | libc::SYS_pivot_root => crate::modes::leaving_root(call, |&r| r < 0),
         // The same as glibc's own wrappers (`creds.rs`, `mmap.rs`): a
         // program may make these calls either way (libcap's syscaller
         // makes its calls through `syscall`).
         libc::SYS_capset => crate::creds::capabilities_set(call),
-        libc::SYS_unshare => crate::mmap::unsharing(a1 as c_int, call),
-        libc::SYS_setns => crate::mmap::entering_ns(a1 as c_int, a2 as c_int, call),
+        libc::SYS_unshare => crate::ns::unsharing(a1 as c_int, call),
+        libc::SYS_setns => crate::ns::entering_ns(a1 as c_int, a2 as c_int, call),
         _ => call(),
     }
 }
@@ -132,7 +132,7 @@ pub(crate) unsafe fn direct(n: c_long, a: [c_long; 6]) -> c_long {
 }
 
 /// `chroot`: a program that changes its root stays managed, and zmem
-/// leaves nothing in the new root (`init::leaving_root`). OpenSSH's
+/// leaves nothing in the new root (`modes::leaving_root`). OpenSSH's
 /// pre-authentication child chroots into `/run/sshd`, as do DNS, FTP and
 /// mail servers' workers. zmem keeps no directory open across it: a
 /// directory descriptor from outside is a way out of the new root
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn chroot(path: *const std::ffi::c_char) -> c_int {
     // SAFETY: the kernel's chroot with the caller's path (a string, or
     // EFAULT); `raw`, not `libc::syscall`, which binds to ours above.
     let call = || unsafe { raw(libc::SYS_chroot, [path as c_long, 0, 0, 0, 0, 0]) } as c_int;
-    crate::init::leaving_root(call, |&r| r != 0)
+    crate::modes::leaving_root(call, |&r| r != 0)
 }
 
 /// The system call `n`.
@@ -173,7 +173,7 @@ unsafe fn raw(n: c_long, a: [c_long; 6]) -> c_long {
         );
     }
     if (-4095..0).contains(&r) {
-        crate::init::set_errno(-r as c_int);
+        crate::errno::set_errno(-r as c_int);
         return -1;
     }
     r

@@ -1,6 +1,6 @@
 //! This process's threads: which run now, and whether any but zmem's do.
 //! Read from `/proc/self/task` while the program keeps `/proc`; after it
-//! changed its root (`init::leaving_root`), from a `/proc/self/stat` kept
+//! changed its root (`modes::leaving_root`), from a `/proc/self/stat` kept
 //! open before, and zmem's own thread ids.
 
 use std::path::Path;
@@ -66,7 +66,7 @@ pub(crate) fn note_io_workers() {
 
 /// This process's `/proc/self/stat` (pid, state, ..., the threads and the
 /// main thread's exit status), read by its path, or, once the program
-/// changed its root, through the descriptor [`leaving_root`](crate::init::leaving_root) kept.
+/// changed its root, through the descriptor [`leaving_root`](crate::modes::leaving_root) kept.
 pub(crate) fn self_stat() -> Option<String> {
     match zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/stat")) {
         Ok(s) => Some(s),
@@ -86,7 +86,7 @@ pub(crate) fn thread_count() -> Option<usize> {
 }
 
 /// `/proc/self/stat` kept open by a process that changed its root
-/// ([`leaving_root`](crate::init::leaving_root)): `pid << 32 | fd`, or 0. The pid tells a forked
+/// ([`leaving_root`](crate::modes::leaving_root)): `pid << 32 | fd`, or 0. The pid tells a forked
 /// child that the descriptor it inherited is its parent's file.
 static SELF_STAT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

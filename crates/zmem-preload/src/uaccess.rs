@@ -193,7 +193,7 @@ fn retried<R: Ret>(ranges: impl Fn(Each<'_>), call: impl Fn() -> R) -> R {
             break;
         }
         if !touch_all(&ranges, true) {
-            crate::init::set_errno(libc::EFAULT);
+            crate::errno::set_errno(libc::EFAULT);
             break;
         }
         r = call();
@@ -207,7 +207,7 @@ fn prepared<R>(ranges: impl Fn(Each<'_>), call: impl FnOnce() -> R) -> R {
     if active() {
         let e = errno();
         touch_all(&ranges, false);
-        crate::init::set_errno(e);
+        crate::errno::set_errno(e);
     }
     call()
 }
@@ -306,7 +306,7 @@ fn lookup(slot: &AtomicUsize, name: &'static str) -> usize {
 fn next(slot: &AtomicUsize, name: &'static str) -> usize {
     let f = lookup(slot, name);
     if f == 0 {
-        crate::init::keeping_errno(|| log::error!("the C library has no {}", name.trim_end_matches('\0')));
+        crate::errno::keeping_errno(|| log::error!("the C library has no {}", name.trim_end_matches('\0')));
         std::process::abort();
     }
     f

@@ -278,7 +278,7 @@ fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
 }
 
 /// Starts the pager now, from the calling thread, if the process waits
-/// (`init::leaving_root`: the paths a start needs still lead where they
+/// (`modes::leaving_root`: the paths a start needs still lead where they
 /// should).
 pub(crate) fn start_now() {
     let mut g = WAITING.lock_ok();
@@ -337,7 +337,7 @@ pub(crate) fn tree_figures() -> Option<(u64, u64)> {
     Some((t.limit() as u64, t.usage()))
 }
 
-/// Stops the stats thread while the process waits (`init::single_threaded`):
+/// Stops the stats thread while the process waits (`modes::single_threaded`):
 /// whether it did, for [`resume`]. A start under way finishes first (the
 /// stop joins the thread); the process then no longer waits.
 pub(crate) fn pause() -> bool {
@@ -361,7 +361,7 @@ pub(crate) fn resume() {
     }
 }
 
-/// The process stops waiting for good (`init::sandboxed`): the stats
+/// The process stops waiting for good (`modes::sandboxed`): the stats
 /// thread is stopped, and the slot given back. The settings, for a
 /// [`begin`] again where the call that this was for failed.
 pub(crate) fn end() -> Option<Settings> {

@@ -14,8 +14,9 @@ pub(super) fn refault_bucket(distance: usize, resident: usize) -> usize {
     (0..REFAULT_BUCKETS - 1).find(|&i| distance < resident >> (REFAULT_BUCKETS - 2 - i)).unwrap_or(REFAULT_BUCKETS - 1)
 }
 
-/// Counters of a pager.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
+/// Counters of a pager. Serialized as they are named here: the `pager`
+/// object of a process's stats file (`zmem stats`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct PagerStats {
     /// Faults on never-touched folios, resolved with the zero page.
     pub zero_faults: u64,

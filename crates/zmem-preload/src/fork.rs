@@ -1,0 +1,143 @@
+//! fork's three steps, as `pthread_atfork` runs them: the child gets the
+//! parent's memory whole, and a pager (or a wait for one) of its own.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::RwLockWriteGuard;
+use zmem_common::RwLockExt;
+use zmem_uffd::tree::Warning;
+
+use crate::guard::guarded;
+use crate::init::{current, install, start, Table, CHILD, CURRENT, LOCKED_ALL, REGIONS};
+
+/// What the forking thread holds from the prepare step of fork to its
+/// parent or child step: no region is made or freed meanwhile, no range of
+/// zmem's is being recorded, and the child starts with all of it unlocked.
+struct ForkGuards {
+    waiting: std::sync::MutexGuard<'static, Option<crate::waiting::Waiting>>,
+    table: RwLockWriteGuard<'static, Table>,
+    owned: zmem_common::owned::ForkGuard,
+}
+
+thread_local! {
+    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+/// pthread_atfork's prepare step: the child must see exactly the parent's
+/// memory, and it has neither the pager's threads nor a userfaultfd
+/// registration. So every evicted folio is loaded back first
+/// (`Pager::fork_prepare`), with reclaim frozen until the parent step.
+/// vfork and posix_spawn run no atfork handlers, and need none: the child
+/// execs (or exits) without touching the parent's memory.
+pub(crate) extern "C" fn before_fork() {
+    guarded(|| {
+        // The child must not inherit the mask of a thread held on the
+        // handler's CPU (`zmem_uffd::unhold_current_thread`).
+        zmem_uffd::unhold_current_thread();
+        // First: a late start under way finishes before anything else is
+        // held (it takes the locks below).
+        let waiting = crate::waiting::fork_lock();
+        let table = REGIONS.write_ok();
+        if let Some(s) = current() {
+            s.pager.fork_prepare();
+        }
+        let owned = zmem_common::owned::fork_lock();
+        FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { waiting, table, owned }));
+        // Last: nothing above may allocate once it is held.
+        crate::heap::fork_lock();
+    });
+}
+
+pub(crate) extern "C" fn after_fork_in_parent() {
+    guarded(|| {
+        crate::heap::fork_unlock();
+        FORK_GUARDS.with(|f| f.borrow_mut().take());
+        if let Some(s) = current() {
+            s.pager.fork_parent();
+        }
+    });
+}
+
+/// In the child: the parent's pager is the parent's (its threads are not
+/// here, and its userfaultfd registration was not inherited), so it is
+/// abandoned, and the child starts a pager of its own under the same
+/// settings (and in the same tree). The parent's regions, whole since the
+/// prepare step, become inherited entries of the table, adopted by the new
+/// pager.
+pub(crate) extern "C" fn after_fork_in_child() {
+    // A child inherits no memory locks (mlockall's MCL_FUTURE included).
+    LOCKED_ALL.store(false, Ordering::Relaxed);
+    // The parent's other threads' descriptor sections and closes are not
+    // in the child: before anything here closes a descriptor.
+    zmem_common::fds::reset_in_child();
+    crate::stats::after_fork_in_child();
+    // SAFETY: this thread is the child's only one. First: the new pager's
+    // handler takes its allocations there.
+    unsafe { crate::heap::fork_child_side_heap() };
+    // This thread is the child's only one, and held the guards at fork.
+    let _ = guarded(|| {
+        crate::heap::fork_unlock();
+        let guards = FORK_GUARDS.with(|f| f.borrow_mut().take());
+        let Some(parent) = current() else {
+            // A waiting parent's child waits too.
+            if let Some(ForkGuards { waiting, table, owned }) = guards {
+                drop(owned);
+                drop(table);
+                crate::waiting::after_fork_in_child(waiting);
+            }
+            return;
+        };
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+        let mut inherited = Vec::new();
+        if let Some(ForkGuards { waiting, mut table, owned }) = guards {
+            drop(waiting);
+            drop(owned);
+            for (&start, m) in table.iter_mut() {
+                if let Some(r) = m.region.take() {
+                    // The region's drop would reach the parent's pager.
+                    std::mem::forget(r);
+                    // No longer zmem's: the child's pager may adopt it.
+                    zmem_common::owned::remove(start as u64);
+                    inherited.push((start, m.cap));
+                }
+            }
+        }
+        if crate::stats::root_left() {
+            // A pager here would need `/proc`, the swap directory and the
+            // tree's segment by their paths, which lead into the new root
+            // now. A hand-over link (ZMEM_FORK_EVENT) closes with the rest:
+            // the parent then copies this child's memory in whole.
+            if parent.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
+                log::warn!(
+                    "process {} was forked after its parent changed its root (chroot): without /proc and the \
+                     swap directory zmem cannot start a pager in it. It runs unmanaged (no limit), as will any \
+                     other process of the tree for this reason",
+                    std::process::id()
+                );
+            }
+            // SAFETY: as below.
+            unsafe { parent.pager.abandon_in_child() };
+            CHILD.store(true, Ordering::Relaxed);
+            return;
+        }
+        // Taken before the parent's pager is abandoned, which closes the
+        // rest of what it kept open.
+        let link = parent.pager.fork_link_in_child();
+        // SAFETY: the parent's shim is leaked, and this process never
+        // reaches it again (CURRENT no longer points to it).
+        unsafe { parent.pager.abandon_in_child() };
+        match start(parent.settings.clone(), link) {
+            Some(s) => {
+                s.pager.mark_forked();
+                // With a hand-over these are the child's already.
+                for (start, cap) in inherited {
+                    if let Err(e) = s.pager.adopt(start as u64, cap) {
+                        log::debug!("inherited mapping at {start:#x} not adopted: {e}");
+                    }
+                }
+                install(s);
+            }
+            None => CHILD.store(true, Ordering::Relaxed),
+        }
+    });
+}
