@@ -345,6 +345,13 @@ pub(crate) fn start(settings: Settings, link: Option<std::os::fd::OwnedFd>) -> O
 pub(crate) fn start_late(settings: Settings) {
     let _ = guarded(|| {
         if let Some(s) = start_pager(settings, None) {
+            // Where no stats thread waited with the process (its first
+            // look, in `waiting::begin`, found the point reached).
+            if !crate::stats::has_thread() {
+                if let Err(e) = crate::stats::start_thread(s.settings.stats_dir.clone(), s.settings.stats_interval) {
+                    log::warn!("no stats thread: {e}");
+                }
+            }
             install(s);
         }
     });

@@ -55,7 +55,7 @@ fn adopt_chunk(p: *mut c_void, size: usize) {
     if !p.is_null()
         && size >= zmem_settings::Settings::DEFAULT_THRESHOLD
         && current().is_none()
-        && !crate::waiting::saw_mapping(size)
+        && !crate::waiting::saw_mapping(size, true)
     {
         return;
     }

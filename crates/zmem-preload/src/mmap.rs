@@ -60,7 +60,7 @@ pub unsafe extern "C" fn mmap(
         && prot & libc::PROT_WRITE != 0
         && fd == -1
         && len >= zmem_settings::Settings::DEFAULT_THRESHOLD
-        && crate::waiting::saw_mapping(len)
+        && crate::waiting::saw_mapping(len, false)
     {
         // The pager started for this mapping (a process that waited):
         // managed from its first byte, as one mapped under a pager is.

@@ -59,6 +59,12 @@ pub(crate) fn start_thread(named: Option<PathBuf>, interval: Duration) -> std::i
     Ok(())
 }
 
+/// Whether this process has a stats thread (a forked child has none of
+/// its parent's).
+pub(crate) fn has_thread() -> bool {
+    !THREAD.load(Ordering::Acquire).is_null()
+}
+
 /// Wakes the stats thread for a look now (`waiting::saw_mapping`): no
 /// allocation, and the lock only tried.
 pub(crate) fn wake_thread() {

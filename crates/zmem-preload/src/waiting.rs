@@ -1,45 +1,47 @@
-//! A pager that starts late: until a process's memory nears its share of
-//! the limit, the shim only counts it.
+//! A pager that starts late: until the tree's memory is halfway to its
+//! limit, a process only counts itself in it.
 //!
-//! Starting a pager costs a process about 3 ms: its threads, the
-//! userfaultfd, the swap file and its key, the stats file, and a fault
-//! round trip on every first touch of managed memory. A long program never
-//! notices; a build, a test suite or a shell pipeline is thousands of
-//! short processes, and paid it each time (`make -j2` of 100 small C files
-//! ran 16% slower). So a process whose pager is to adopt the program's
-//! mappings (`ZMEM_ADOPT`, the default) *waits* (`ZMEM_START_PERCENT`,
-//! 50 by default; 0 starts at load, as before):
+//! Starting a pager costs a process ~1.7 ms (its threads, the userfaultfd,
+//! the swap file and its key), and its managed first touches a fault round
+//! trip each. A long program never notices; a build, a test suite or a
+//! shell pipeline is thousands of short processes, and paid it each time
+//! (`make -j2` of 100 small C files ran 1.7x native). So a process whose
+//! pager is to adopt the program's mappings (`ZMEM_ADOPT`, the default)
+//! *waits* (`ZMEM_START_PERCENT`, 50 by default; 0 starts at load):
 //!
-//! - At load ([`begin`]) it joins the tree (`zmem_uffd::tree`) with the
-//!   anonymous memory it has resident (`/proc/self/statm`: resident less
-//!   shared, kept open) as its usage, so that the others' shares count it,
-//!   and it starts the stats thread, which writes no file yet.
-//! - The stats thread looks ([`tick`]) more often the nearer the start
-//!   point is: the room left at a fill rate of 8 MB/ms, every 1 to 100 ms.
-//!   Once the usage reaches `start_percent` of the share the tree gives it
-//!   (of the limit, outside a tree), the stats thread starts the pager
-//!   itself (`init::start_late`), never a thread of the program's (one that
-//!   may hold its allocator's lock), and goes on as the stats thread. The
-//!   pager's first scan adopts everything mapped so far, its resident pages
-//!   included (`Pager::adopt`), as it adopts what a program maps before any
-//!   pager; from the crossing on the process is managed as if it had
+//! - At load ([`begin`]) it joins the tree (`zmem_uffd::tree`), looks
+//!   once, and starts the stats thread, which writes no file yet.
+//! - A look ([`look`]) publishes the process's anonymous resident bytes
+//!   as its usage, and those with what it has mapped and not filled yet
+//!   (the large mappings the shim saw) as what it may soon hold, and
+//!   starts the pager (`init::start_late`) once the tree's count
+//!   (`Tree::committed`: each process at the larger of the two) reaches
+//!   `start_percent` of the limit. The pager's first scan adopts what
+//!   exists, resident pages included, as it adopts what a program maps
+//!   before any pager; from then on the process is managed as if it had
 //!   started at load.
-//! - Until then a waiting process's memory is plain memory: it may go past
-//!   the start point by what it fills between two looks, and the half of
-//!   the limit above the start point is the room for that.
+//! - The stats thread looks every 1 to 100 ms ([`tick`]: the room left at
+//!   8 MB/ms). A large mapping is published at once, and one that brings
+//!   the tree's count to the point is looked at at once ([`saw_mapping`]):
+//!   inline after glibc's malloc returned, or by the stats thread, waited
+//!   for, from `mmap` (which may run under an allocator's lock).
+//! - Until then the process's memory is plain memory: it may go past the
+//!   point by what it fills between two looks and during the start, and
+//!   the half of the limit above the point is the room for that.
 //!
-//! The state (the settings, the tree slot and the `statm` descriptor) has
-//! one owner, [`WAITING`], taken by the stats thread for a look (and for
-//! the start, so that a look and a start are one step), by fork's prepare
-//! step first of all its locks (`init::before_fork`), and tried by the exit
-//! handler. The program's own calls that need the process to have no
-//! thread of zmem's stop the stats thread: `unshare` and `setns`
-//! ([`pause`], [`resume`]), seccomp ([`end`]: the process stays unmanaged,
-//! as a managed one does). `chroot` starts the pager first ([`start_now`]),
-//! while `/proc` and the swap directory are still at their paths.
+//! The state (the settings, the tree slot, the `statm` descriptor, a
+//! forked child's inheritance) has one owner, [`WAITING`], held by a look
+//! (and by the start it makes: a look and a start are one step), taken by
+//! fork's prepare step first of all its locks (`fork::before_fork`), and
+//! tried by the exit handler. The program's own calls that need the
+//! process to have no thread of zmem's stop the stats thread: `unshare`,
+//! `setns` and credential changes ([`pause`], [`resume`]), seccomp
+//! ([`end`]: the process stays unmanaged, as a managed one does). `chroot`
+//! starts the pager first ([`start_now`]), while `/proc` and the swap
+//! directory are still at their paths.
 
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -64,23 +66,46 @@ pub(crate) struct Waiting {
     statm: Option<(KeptFd, i32)>,
     /// The last look's figures, for the stats file.
     last: Look,
+    /// In a forked child, what it held at the fork and the parent it
+    /// shares that with: counted as the parent's, not the child's, while
+    /// the parent lives (the pages are the parent's too, and a pager
+    /// charges pages shared after a fork to no one). A forking server's
+    /// children, each counting the parent's 100 MiB as its own under a
+    /// 512M tree, started pagers with shares of a few MiB and warned that
+    /// their limits turned soft.
+    inherited: Option<(usize, u32)>,
     /// `PagerConfig::share_floor` under these settings.
     floor: usize,
     /// When it last swept the tree's slots of processes gone.
     swept_at: Instant,
+    /// When what was mapped and not filled last faded.
+    faded_at: Instant,
 }
 
 /// What the last look saw.
 #[derive(Debug, Clone, Copy, Default)]
 struct Look {
-    /// This process's usage as published: the larger of its anonymous
-    /// resident bytes and its private writable bytes ([`Held`]).
+    /// This process's anonymous resident bytes (less what a forked child
+    /// shares with its parent): its usage in the tree.
+    anon: usize,
+    /// Bytes of large mappings the shim saw the program make and that its
+    /// anonymous bytes have not grown by since: mapped to be filled.
+    pending: usize,
+    /// Its usage with what it has mapped and not filled yet
+    /// (`Member::publish_mapped`): a program that maps its memory first
+    /// and fills it after (stress-ng, a database's buffer pool) starts as
+    /// it maps.
     usage: usize,
     /// The tree's usage, this process's included.
     total: usize,
     /// Where the pager starts: `start_percent` of the limit.
     at: usize,
 }
+
+/// The pid of the process that waits (0: none), for [`is_waiting`]
+/// without the lock: a child made by a raw `clone` (bubblewrap's) may have
+/// copied it held.
+static WAITING_PID: AtomicU32 = AtomicU32::new(0);
 
 /// The waiting process's state; `None` once its pager started (or where it
 /// never waits).
@@ -93,6 +118,8 @@ const LOOK_MAX: Duration = Duration::from_millis(100);
 /// How often a waiting process frees the tree's slots of processes gone
 /// (a pager's reclaim thread does it too).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often what was mapped and not filled fades by half.
+const FADE_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether a process under `settings` waits rather than starts.
 pub(crate) fn wants_to_wait(settings: &Settings) -> bool {
@@ -103,6 +130,11 @@ pub(crate) fn wants_to_wait(settings: &Settings) -> bool {
 /// thread looking. `Err` gives the settings back where it cannot (no
 /// `/proc`, no thread): the caller starts the pager now.
 pub(crate) fn begin(settings: Settings) -> Result<(), Box<Settings>> {
+    begin_with(settings, None)
+}
+
+/// [`begin`], in a forked child of parent `parent` whose memory it shares.
+fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Settings>> {
     let member = settings.tree.as_deref().and_then(|p| match Tree::open(p).and_then(Tree::join) {
         Ok(m) => Some(m),
         Err(e) => {
@@ -112,15 +144,26 @@ pub(crate) fn begin(settings: Settings) -> Result<(), Box<Settings>> {
     });
     let floor = settings.share_floor();
     let (dir, interval) = (settings.stats_dir.clone(), settings.stats_interval);
-    *WAITING.lock_ok() = Some(Waiting {
+    let mut g = WAITING.lock_ok();
+    *g = Some(Waiting {
         pid: std::process::id(),
         settings,
         member,
         statm: None,
         last: Look::default(),
+        inherited: None,
         floor,
         swept_at: Instant::now(),
+        faded_at: Instant::now(),
     });
+    WAITING_PID.store(std::process::id(), Ordering::Release);
+    drop(g);
+    if let Some(parent) = parent {
+        let mut g = WAITING.lock_ok();
+        let w = g.as_mut().expect("set above");
+        w.statm = open_statm();
+        w.inherited = w.statm.as_ref().and_then(|(fd, _)| anon_bytes(fd)).map(|b| (b, parent));
+    }
     // The first look, here: a process that starts in a tree past the
     // point starts its pager now, as every process did at load, and the
     // program's first large mapping finds the room set.
@@ -129,7 +172,7 @@ pub(crate) fn begin(settings: Settings) -> Result<(), Box<Settings>> {
     }
     if let Err(e) = crate::stats::start_thread(dir, interval) {
         log::debug!("no stats thread ({e}); the pager starts now");
-        let w = WAITING.lock_ok().take().expect("set above");
+        let w = take(&mut WAITING.lock_ok()).expect("set above");
         return Err(Box::new(w.settings));
     }
     Ok(())
@@ -150,28 +193,15 @@ fn open_statm() -> Option<(KeptFd, i32)> {
     }
 }
 
-/// What a process holds, from `statm` (one `pread`).
-#[derive(Clone, Copy)]
-struct Held {
-    /// Anonymous resident bytes: resident pages less shared ones (file
-    /// pages and shared memory). What the process publishes in the tree.
-    anon: usize,
-    /// Private writable bytes mapped, touched or not (`VmData` and the
-    /// stack): what a pager would adopt. A program that maps its memory
-    /// first and fills it after (stress-ng, a database's buffer pool) is
-    /// started for as soon as it maps, before it fills.
-    data: usize,
-}
-
-fn held(statm: &KeptFd) -> Option<Held> {
+/// The process's anonymous resident bytes, from `statm` (one `pread`):
+/// resident pages less shared ones (file pages and shared memory).
+fn anon_bytes(statm: &KeptFd) -> Option<usize> {
     let mut buf = [0u8; 128];
     let n = rustix::io::pread(statm.as_fd(), &mut buf, 0).ok()?;
-    let f: Vec<usize> = buf[..n]
-        .split(|&c| c == b' ' || c == b'\n')
-        .filter_map(|f| std::str::from_utf8(f).ok()?.parse().ok())
-        .collect();
-    let (resident, shared, data) = (*f.get(1)?, *f.get(2)?, *f.get(5)?);
-    Some(Held { anon: resident.saturating_sub(shared) * crate::PAGE, data: data * crate::PAGE })
+    let mut f = buf[..n].split(|&c| c == b' ').map(|f| std::str::from_utf8(f).ok()?.parse::<usize>().ok());
+    let resident = f.nth(1)??;
+    let shared = f.next()??;
+    Some(resident.saturating_sub(shared) * crate::PAGE)
 }
 
 /// Bytes left to the start point at the last look (`usize::MAX`: the
@@ -198,11 +228,38 @@ const START_WAIT: Duration = Duration::from_millis(20);
 /// allocator, holding its lock; the start takes none of the program's
 /// (zmem's threads allocate from zmem's heap), and a start that takes
 /// longer leaves the mapping to the pager's first scan. No allocation.
-pub(crate) fn saw_mapping(len: usize) -> bool {
+///
+/// Where `inline`, the caller holds no lock of an allocator's (glibc's
+/// malloc has returned) and looks itself, at once: a look that finds the
+/// point reached starts the pager on this thread, as a large malloc did
+/// when the shim started at the first one.
+pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     let room = ROOM.load(Ordering::Relaxed);
     // Not zmem's own mappings (the stats thread's, as it starts the pager).
-    if room == usize::MAX || crate::guard::in_zmem() || SEEN.fetch_add(len, Ordering::Relaxed) + len < room {
+    if room == usize::MAX || crate::guard::in_zmem() {
         return false;
+    }
+    let seen = SEEN.fetch_add(len, Ordering::Relaxed) + len;
+    // In the tree at once, before the program fills it: four processes
+    // filling at once each saw the others as of their last looks, and
+    // together went ~25 MiB further past the point. Then the tree's
+    // count now, not the room the last look left.
+    let crossed = match WAITING.try_lock() {
+        Ok(g) => match g.as_ref().filter(|w| w.is_mine()).and_then(|w| Some((w, w.member.as_ref()?))) {
+            Some((w, m)) => {
+                m.publish_mapped(w.last.usage.saturating_add(seen));
+                m.tree().committed() as usize >= w.last.at
+            }
+            None => seen >= room,
+        },
+        Err(_) => seen >= room,
+    };
+    if !crossed {
+        return false;
+    }
+    if inline {
+        crate::guard::guarded(|| look(false));
+        return crate::init::current().is_some();
     }
     let looks = LOOKS.load(Ordering::Acquire);
     crate::stats::wake_thread();
@@ -226,35 +283,55 @@ pub(crate) fn saw_mapping(len: usize) -> bool {
 /// grows starts once the sum is halfway there, and a process started in
 /// a tree that is near its limit starts at once, as it always did.
 pub(crate) fn tick() -> Option<Duration> {
+    look(true)
+}
+
+/// A look (see [`tick`]), by the stats thread (`stats_thread`), which
+/// keeps its own `statm` open, or by a program thread, which reads the
+/// one there is.
+fn look(stats_thread: bool) -> Option<Duration> {
     let mut guard = WAITING.lock_ok();
     let w = guard.as_mut()?;
     let me = rustix::thread::gettid().as_raw_nonzero().get();
-    if w.statm.as_ref().is_none_or(|(_, tid)| *tid != me) {
+    if w.statm.is_none() || (stats_thread && w.statm.as_ref().is_some_and(|(_, tid)| *tid != me)) {
         w.statm = open_statm();
     }
+    // What a forked child shares with its parent is the parent's while the
+    // parent lives (its parent changes when it exits).
+    // SAFETY: getppid has no preconditions.
+    if w.inherited.is_some_and(|(_, parent)| parent != unsafe { libc::getppid() } as u32) {
+        w.inherited = None;
+    }
+    let base = w.inherited.map_or(0, |(b, _)| b);
     // Unreadable: taken as past the start point, so that the limit holds.
-    let held = w.statm.as_ref().and_then(|(fd, _)| held(fd));
-    let usage = held.map_or(usize::MAX / 2, |h| h.anon.max(h.data));
-    // Published: the anonymous bytes, what the process holds now. Its
-    // writable mappings count only toward its own start (a program that
-    // maps a lot and fills it after starts as it maps), not against the
-    // others' shares.
-    let anon = held.map_or(usage, |h| h.anon);
+    let anon = w.statm.as_ref().and_then(|(fd, _)| anon_bytes(fd)).map_or(usize::MAX / 2, |b| b.saturating_sub(base));
+    // What the program mapped counts until it is filled: the large
+    // mappings the shim saw, less the growth of the anonymous bytes since
+    // (its thread stacks, which glibc maps itself and zmem never adopts,
+    // are not seen). What is never filled (a mapping unmapped untouched,
+    // a reservation) fades, by half each second.
+    let grew = anon.saturating_sub(w.last.anon);
+    let mut pending = (w.last.pending + SEEN.swap(0, Ordering::Relaxed)).saturating_sub(grew);
+    if w.faded_at.elapsed() >= FADE_EVERY {
+        pending /= 2;
+        w.faded_at = Instant::now();
+    }
+    let usage = anon.saturating_add(pending);
     let (limit, total) = match &w.member {
         Some(m) => {
             m.publish(anon, w.floor);
-            (m.tree().limit(), (m.tree().usage() as usize).saturating_sub(anon) + usage)
+            m.publish_mapped(usage);
+            (m.tree().limit(), (m.tree().committed() as usize).max(usage))
         }
         None => (w.settings.limit, usage),
     };
     let at = limit / 100 * w.settings.start_percent as usize;
-    w.last = Look { usage, total, at };
+    w.last = Look { anon, pending, usage, total, at };
     if total >= at {
         start_locked(&mut guard);
         LOOKS.fetch_add(1, Ordering::Release);
         return None;
     }
-    SEEN.store(0, Ordering::Relaxed);
     ROOM.store(at - total, Ordering::Relaxed);
     LOOKS.fetch_add(1, Ordering::Release);
     if let Some(m) = w.member.as_ref().filter(|_| w.swept_at.elapsed() >= SWEEP_EVERY) {
@@ -268,8 +345,7 @@ pub(crate) fn tick() -> Option<Duration> {
 /// Starts the pager of the waiting process `guard` holds, under the lock:
 /// a fork waits for the start, and no other look starts a second one.
 fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
-    let Some(w) = guard.take() else { return };
-    ROOM.store(usize::MAX, Ordering::Relaxed);
+    let Some(w) = take(guard) else { return };
     log::debug!("usage reached {}% of the limit: the pager starts", w.settings.start_percent);
     // The slot goes back first: the pager joins the tree itself.
     drop(w.member);
@@ -294,8 +370,16 @@ impl Waiting {
 }
 
 /// Whether this process waits now (not a vfork child of a waiting one).
+/// No lock.
 pub(crate) fn is_waiting() -> bool {
-    WAITING.lock_ok().as_ref().is_some_and(Waiting::is_mine)
+    WAITING_PID.load(Ordering::Acquire) == std::process::id()
+}
+
+/// Takes the state out of `guard`: the process no longer waits.
+fn take(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
+    WAITING_PID.store(0, Ordering::Release);
+    ROOM.store(usize::MAX, Ordering::Relaxed);
+    guard.take()
 }
 
 /// The stats file of a waiting process: what it holds, where its pager
@@ -332,7 +416,7 @@ pub(crate) fn stats_json(mem: crate::stats::ProcMem) -> Option<String> {
 
 /// The tree's limit and usage, as the waiting process sees them.
 pub(crate) fn tree_figures() -> Option<(u64, u64)> {
-    let g = WAITING.lock_ok();
+    let g = WAITING.try_lock().ok()?;
     let t = g.as_ref()?.member.as_ref()?.tree();
     Some((t.limit() as u64, t.usage()))
 }
@@ -357,7 +441,7 @@ pub(crate) fn resume() {
     };
     if let Err(e) = crate::stats::start_thread(dir, interval) {
         log::warn!("no stats thread ({e}); this process runs unmanaged");
-        WAITING.lock_ok().take();
+        take(&mut WAITING.lock_ok());
     }
 }
 
@@ -369,8 +453,7 @@ pub(crate) fn end() -> Option<Settings> {
         return None;
     }
     crate::stats::stop_thread();
-    ROOM.store(usize::MAX, Ordering::Relaxed);
-    WAITING.lock_ok().take().map(|w| w.settings)
+    take(&mut WAITING.lock_ok()).map(|w| w.settings)
 }
 
 /// Fork's prepare step: held until the parent or child step, so that the
@@ -385,13 +468,14 @@ pub(crate) fn fork_lock() -> MutexGuard<'static, Option<Waiting>> {
 /// the parent's: the slot is not given back (`Member`'s drop looks at the
 /// pid), and the descriptor, which reads the parent's `statm`, is closed.
 pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>>) {
-    let Some(w) = guard.take() else { return };
+    let Some(w) = take(&mut guard) else { return };
     drop(guard);
     if let Some((fd, _)) = w.statm {
         drop(fd.into_owned());
     }
     drop(w.member);
-    if let Err(settings) = begin(w.settings) {
+    // SAFETY: getppid has no preconditions.
+    if let Err(settings) = begin_with(w.settings, Some(unsafe { libc::getppid() } as u32)) {
         // A child that cannot wait starts now: it has a single thread,
         // and no allocator lock is held.
         crate::init::start_late(*settings);
@@ -407,7 +491,7 @@ pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>
 /// leaked, as the process ends.
 pub(crate) fn leave_at_exit() {
     if let Ok(mut g) = WAITING.try_lock() {
-        if let Some(w) = g.take_if(|w| w.is_mine()) {
+        if let Some(w) = g.as_ref().is_some_and(Waiting::is_mine).then(|| take(&mut g)).flatten() {
             let w = std::mem::ManuallyDrop::new(w);
             if let Some(m) = &w.member {
                 m.give_back();

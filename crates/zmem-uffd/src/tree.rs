@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// "zmemtree" in ASCII, and the layout's version.
 const MAGIC: u64 = 0x7a6d_656d_7472_6565;
-const VERSION: u64 = 2;
+const VERSION: u64 = 3;
 /// Slots in a segment: processes that may hold a share at once.
 pub const SLOTS: usize = 255;
 const SIZE: usize = 64 * (SLOTS + 1);
@@ -64,6 +64,10 @@ struct Slot {
     share: AtomicU64,
     /// Folios this process has evicted, for `zmem stats`.
     evicted: AtomicU64,
+    /// What a process that has not started its pager yet holds with what
+    /// it has mapped and not filled: memory it may hold before its next
+    /// look (`Member::publish_mapped`). 0 for a pager.
+    mapped: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
@@ -302,6 +306,16 @@ impl Tree {
         self.slots().filter(|s| s.pid.load(Ordering::Acquire) != 0).map(|s| s.usage.load(Ordering::Relaxed)).sum()
     }
 
+    /// The tree's usage with each process that waits to start its pager
+    /// counted at what it has mapped, where that is more: how full the
+    /// tree may be before those processes look again.
+    pub fn committed(&self) -> u64 {
+        self.slots()
+            .filter(|s| s.pid.load(Ordering::Acquire) != 0)
+            .map(|s| s.usage.load(Ordering::Relaxed).max(s.mapped.load(Ordering::Relaxed)))
+            .sum()
+    }
+
     /// The processes that hold a slot.
     pub fn members(&self) -> Vec<MemberStats> {
         self.slots()
@@ -348,6 +362,7 @@ impl Tree {
         s.usage.store(0, Ordering::Relaxed);
         s.peak.store(0, Ordering::Relaxed);
         s.evicted.store(0, Ordering::Relaxed);
+        s.mapped.store(0, Ordering::Relaxed);
         self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
         Ok(Member { tree: self, slot: i, pid, left: AtomicBool::new(false) })
     }
@@ -359,6 +374,7 @@ impl Tree {
             if pid != 0 && !alive(pid, s.start.load(Ordering::Relaxed)) {
                 // Usage first: a reader that still sees the pid counts 0.
                 s.usage.store(0, Ordering::Relaxed);
+                s.mapped.store(0, Ordering::Relaxed);
                 let _ = s.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
@@ -399,13 +415,23 @@ impl Member {
         share as usize
     }
 
+    /// Publishes what this process has mapped to write, for
+    /// [`Tree::committed`] (a process that has not started its pager).
+    pub fn publish_mapped(&self, bytes: usize) {
+        if !self.left.load(Ordering::Relaxed) {
+            self.tree.slot(self.slot).mapped.store(bytes as u64, Ordering::Relaxed);
+        }
+    }
+
     /// The process is exiting: its usage leaves the tree's count now, not
     /// at the next sweep (about a second later, once it is gone), during
     /// which the others' shares were cut for memory about to be freed.
     /// Atomics only: it runs from an exit handler.
     pub fn leave(&self) {
         self.left.store(true, Ordering::Relaxed);
-        self.tree.slot(self.slot).usage.store(0, Ordering::Relaxed);
+        let s = self.tree.slot(self.slot);
+        s.usage.store(0, Ordering::Relaxed);
+        s.mapped.store(0, Ordering::Relaxed);
     }
 
     /// Records folios evicted (for `zmem stats`).
@@ -423,6 +449,7 @@ impl Member {
             self.left.store(true, Ordering::Relaxed);
             let s = self.tree.slot(self.slot);
             s.usage.store(0, Ordering::Relaxed);
+            s.mapped.store(0, Ordering::Relaxed);
             let _ = s.pid.compare_exchange(self.pid, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }

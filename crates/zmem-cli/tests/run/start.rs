@@ -63,13 +63,37 @@ fn start_percent_zero_starts_the_pager_at_load() {
     assert!(before.split(' ').any(|t| t == "zmem-reclaim"), "{}", text(&o));
 }
 
+/// A process whose first look finds the point reached already (here 1% of
+/// the limit: the interpreter alone is past it) starts its pager as it
+/// loads, with a stats thread beside it and a stats file; a pager started
+/// there once ran with no stats thread at all.
+#[test]
+fn a_process_past_the_point_at_load_starts_with_its_stats_thread() {
+    let prog = format!("{PY_LATE}{PY_BLOCKS}{PY_LATE_CHECKS}");
+    let o = run_managed_env(
+        "start-past-point",
+        "64M",
+        &["python3", "-c", &prog, "96"],
+        &[("ZMEM_START_PERCENT", "1")],
+        "checked 96",
+        300,
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let before = out.lines().find_map(|l| l.strip_prefix("before: ")).unwrap_or_default();
+    let names: Vec<&str> = before.split(' ').collect();
+    assert!(names.contains(&"zmem-reclaim") && names.contains(&"zmem-stats"), "{}", text(&o));
+}
+
 /// Many short processes, four at a time, each filling 40 MiB and checking
 /// it, under one 64M limit: each starts its pager as it crosses its start
-/// point (its share of what the others leave), and the tree holds the
-/// limit as it does for processes that start their pagers at load. The
-/// anonymous memory of the whole tree (RssAnon, sampled every 10 ms) stays
-/// within the limit plus zmem's own memory outside it, about 9 MiB a
-/// process; unmanaged, four processes hold 160 MiB.
+/// point (the tree's memory halfway to the limit), and the tree holds the
+/// limit. The anonymous memory of the whole tree (RssAnon, sampled every
+/// 10 ms) stays within the tree's slack (`tree_slack`: reclaim runs late
+/// on busy CPUs) plus zmem's own memory outside the limit, about 9 MiB a
+/// process. Measured alone: 87-99 MiB (77-79 MiB with every pager started
+/// at load, `ZMEM_START_PERCENT=0`; 97-111 MiB while each process saw the
+/// others as of their last looks). Unmanaged, four processes hold
+/// 160 MiB.
 #[test]
 fn a_tree_of_many_short_processes_holds_its_limit() {
     let alloc = compile_alloc();
@@ -108,5 +132,6 @@ fn a_tree_of_many_short_processes_holds_its_limit() {
     let evicted = pager_max(&stats, "evicted_folios");
     eprintln!("evicted {evicted} folios (most of one process); RssAnon peak over the tree {} MiB", rss_peak >> 20);
     assert!(evicted > 0, "the processes started their pagers and evicted; {}", text(&o));
-    assert!(rss_peak <= (64 + 4 * 9) << 20, "RssAnon over the tree peaked at {} MiB", rss_peak >> 20);
+    let bound = tree_slack(64 << 20) + ((4 * 9) << 20);
+    assert!(rss_peak <= bound, "RssAnon over the tree peaked at {} MiB", rss_peak >> 20);
 }

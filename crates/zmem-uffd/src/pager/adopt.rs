@@ -61,15 +61,43 @@ use crate::vmas::{self, StaticData};
 /// Pages read from `/proc/self/pagemap` per `pread`.
 const PAGEMAP_CHUNK: usize = 4096;
 
+/// How long [`Pager::adopt`] waits for the pager's threads to run.
+const STARTING_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl Inner {
+    /// Whether every thread the pager started runs its own code, past the
+    /// start-up that may wait for the dynamic loader's lock.
+    pub(super) fn threads_running(&self) -> bool {
+        let n = self.threads_started.load(Ordering::Acquire);
+        n != 0 && self.running.lock_ok().len() >= n
+    }
+}
+
 impl Pager {
     /// Manages `[addr, addr + len)`, part of a private anonymous mapping the
     /// program made, in whole folios from `addr`. Pages already there count
     /// as resident. Returns the bytes adopted.
     ///
+    /// Nothing is registered before the pager's threads are all running
+    /// (`Inner::threads_running`; it waits `STARTING_WAIT` at most): a new
+    /// thread registers its thread-locals' destructors with glibc as it
+    /// starts, under the dynamic loader's lock, and a caller that holds
+    /// that lock (a library constructor, inside `dlopen`, whose mapping
+    /// crossed a late start's point) would fault on memory a handler
+    /// still waiting for the lock must serve.
+    ///
     /// # Errors
     /// The registration's error (the range is not one private anonymous
-    /// mapping, or another userfaultfd has it), or a pagemap read's.
+    /// mapping, or another userfaultfd has it), or a pagemap read's;
+    /// [`PagerError::Starting`] where the threads are not running yet.
     pub fn adopt(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
+        let until = std::time::Instant::now() + STARTING_WAIT;
+        while !self.inner.threads_running() {
+            if std::time::Instant::now() >= until {
+                return Err(PagerError::Starting);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         self.inner.adopt_range(addr, len)
     }
 

@@ -27,6 +27,10 @@ pub enum PagerError {
     /// A forked child could not take its memory over from its parent.
     #[error("fork hand-over: {0}")]
     Handover(String),
+    /// The pager's threads have not all started: nothing is registered
+    /// until they have (see `Pager::adopt`).
+    #[error("the pager's threads are still starting")]
+    Starting,
 }
 
 /// Settings of a pager.

@@ -225,6 +225,8 @@ struct Inner {
     /// killed (a seccomp filter's `SECCOMP_RET_KILL_THREAD`) runs no clean-up
     /// and stays listed (`Pager::lost_thread`).
     running: Mutex<Vec<(String, i32)>>,
+    /// How many threads the pager started (0 until they are all spawned).
+    threads_started: AtomicUsize,
     kick: (Mutex<bool>, Condvar),
     /// The count of threads in `wait_for_reclaim_while`, and their wake-up.
     reclaimed: (Mutex<u32>, Condvar),
@@ -489,6 +491,7 @@ impl Pager {
             counters: Counters::default(),
             stop: AtomicBool::new(false),
             running: Mutex::new(Vec::new()),
+            threads_started: AtomicUsize::new(0),
             kick: (Mutex::new(false), Condvar::new()),
             reclaimed: (Mutex::new(0), Condvar::new()),
             pass_stores: Mutex::new(None),
@@ -570,6 +573,7 @@ impl Pager {
         }
         let r = Arc::clone(&inner);
         threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
+        inner.threads_started.store(threads.len(), Ordering::Release);
         Ok(Pager { inner, threads: Mutex::new(threads) })
     }
 

@@ -170,6 +170,10 @@ impl Inner {
     /// filling memory it mapped itself, faster than the timer).
     fn scan_if_due(&self, r: &mut Reclaimer) {
         let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) else { return };
+        // Not before the handlers run (see `Pager::adopt`).
+        if !self.threads_running() {
+            return;
+        }
         let since = r.scanned_at.map_or(Duration::MAX, |t| t.elapsed());
         let over = self.usage() > self.high();
         let rss = r.statm.as_ref().and_then(resident_bytes);
