@@ -160,19 +160,24 @@ pub fn scan_lock() -> RwLockWriteGuard<'static, ()> {
     SPAWN.write_ok()
 }
 
-/// Both of this module's locks, held by a forking thread across fork: a
-/// lock another thread held at fork would stay held for good in the child.
+/// This module's locks and the list of pinned thread vectors
+/// (`crate::tls`), held by a forking thread across fork: a lock another
+/// thread held at fork would stay held for good in the child. (A waiting
+/// process's stats thread pins its vector before each sleep, every few
+/// milliseconds; a bash forked meanwhile hung as it started its own.)
 #[derive(Debug)]
 pub struct ForkGuard {
     _ranges: std::sync::MutexGuard<'static, BTreeMap<u64, (u64, Kind)>>,
     _spawns: RwLockWriteGuard<'static, ()>,
+    _pins: std::sync::MutexGuard<'static, Vec<(usize, usize)>>,
 }
 
-/// Takes both locks (see [`ForkGuard`]); drop it after fork, in the parent
+/// Takes the locks (see [`ForkGuard`]); drop it after fork, in the parent
 /// and in the child.
 pub fn fork_lock() -> ForkGuard {
     let _spawns = scan_lock();
-    ForkGuard { _ranges: RANGES.lock_ok(), _spawns }
+    let _ranges = RANGES.lock_ok();
+    ForkGuard { _ranges, _spawns, _pins: crate::tls::fork_lock() }
 }
 
 #[cfg(test)]

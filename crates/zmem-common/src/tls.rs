@@ -38,6 +38,12 @@ fn pin(start: usize, end: usize) {
     }
 }
 
+/// The list's lock, for a forking thread to hold across fork
+/// (`crate::owned::fork_lock`).
+pub(crate) fn fork_lock() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+    crate::LockExt::lock_ok(&PINS)
+}
+
 /// Whether any of `[start, start + len)` holds a pinned page: reclaim must
 /// leave a folio that does resident.
 pub fn pinned(start: u64, len: usize) -> bool {

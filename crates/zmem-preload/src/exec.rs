@@ -279,42 +279,9 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     if envp.is_null() {
         return f(envp);
     }
-    // What `envp` has: its length, its LD_PRELOAD (index), and which of
-    // our variables (bit i: c.vars[i], up to 64 of them) it sets.
-    let mut n = 0;
-    let mut preload_at = None;
-    let mut tunables_at = None;
-    let mut has = 0u64;
-    loop {
-        // SAFETY: `envp` is null-terminated (the caller's contract), and
-        // no entry before `n` was null.
-        let p = unsafe { *envp.wrapping_add(n) };
-        if p.is_null() {
-            break;
-        }
-        // SAFETY: each entry is a NUL-terminated string.
-        let var = unsafe { bytes(p) };
-        let key = name(var);
-        // Disabled in the child's settings (a false or bad value is not
-        // the program letting it go: its shim then says so).
-        if key == b"ZMEM_DISABLE" && matches!(&var[key.len()..], b"=1" | b"=true" | b"=yes") {
-            return f(envp);
-        }
-        if key == b"LD_PRELOAD" {
-            preload_at = Some(n);
-        }
-        if key == &TUNABLES[..TUNABLES.len() - 1] {
-            tunables_at = Some(n);
-        }
-        if key.starts_with(b"ZMEM_") {
-            for (i, v) in c.vars.iter().enumerate().take(64) {
-                if name(v.as_bytes()) == key {
-                    has |= 1 << i;
-                }
-            }
-        }
-        n += 1;
-    }
+    // SAFETY: the caller's contract: `envp` is a null-terminated array of
+    // NUL-terminated strings.
+    let Some(EnvScan { n, preload_at, tunables_at, has }) = (unsafe { scan(envp, c) }) else { return f(envp) };
     let missing = c.vars.iter().enumerate().take(64).filter(|(i, _)| has >> i & 1 == 0).count();
     // LD_PRELOAD's value lacks the shim: a new value, the shim first.
     // The value of entry `i` (an index below `n`), its `KEY=` skipped.
@@ -370,15 +337,7 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     match (preload_at, old_preload) {
         (Some(i), Some(old)) if !preload_ok => {
             let head = c.preload.as_bytes();
-            text[..head.len()].copy_from_slice(head);
-            let mut at = head.len();
-            if !old.is_empty() {
-                text[at] = b' ';
-                text[at + 1..at + 1 + old.len()].copy_from_slice(old);
-                at += 1 + old.len();
-            }
-            text[at] = 0;
-            ptrs[i] = text.as_ptr().cast();
+            ptrs[i] = if old.is_empty() { joined(text, &[head]) } else { joined(text, &[head, b" ", old]) };
         }
         (None, _) => {
             ptrs[k] = c.preload.as_ptr();
@@ -396,17 +355,8 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
         match (tunables_at, old_tunables) {
             (Some(i), Some(old)) => {
                 let t = tunables_text;
-                t[..TUNABLES.len()].copy_from_slice(TUNABLES);
-                let mut at = TUNABLES.len();
-                t[at..at + old.len()].copy_from_slice(old);
-                at += old.len();
-                if !old.is_empty() {
-                    t[at] = b':';
-                    at += 1;
-                }
-                t[at..at + rseq.len()].copy_from_slice(rseq);
-                t[at + rseq.len()] = 0;
-                ptrs[i] = t.as_ptr().cast();
+                ptrs[i] =
+                    if old.is_empty() { joined(t, &[TUNABLES, rseq]) } else { joined(t, &[TUNABLES, old, b":", rseq]) };
             }
             _ => {
                 ptrs[k] = RSEQ_OFF.as_ptr();
@@ -416,6 +366,66 @@ unsafe fn with_env<R>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     }
     ptrs[k] = std::ptr::null();
     f(ptrs.as_ptr())
+}
+
+/// What [`with_env`] learns of an environment: its length, the index of
+/// its LD_PRELOAD and GLIBC_TUNABLES, and which of the carried variables
+/// (bit i: `c.vars[i]`, up to 64 of them) it sets.
+struct EnvScan {
+    n: usize,
+    preload_at: Option<usize>,
+    tunables_at: Option<usize>,
+    has: u64,
+}
+
+/// Scans `envp`; `None` where it disables zmem (`ZMEM_DISABLE` true: a
+/// false or bad value is not the program letting it go, and the child's
+/// shim then says so). No allocation.
+///
+/// # Safety
+/// `envp` is a null-terminated array of NUL-terminated strings.
+unsafe fn scan(envp: *const *const c_char, c: &Carry) -> Option<EnvScan> {
+    let mut e = EnvScan { n: 0, preload_at: None, tunables_at: None, has: 0 };
+    loop {
+        // SAFETY: `envp` is null-terminated (the caller's contract), and
+        // no entry before `e.n` was null.
+        let p = unsafe { *envp.wrapping_add(e.n) };
+        if p.is_null() {
+            return Some(e);
+        }
+        // SAFETY: each entry is a NUL-terminated string.
+        let var = unsafe { bytes(p) };
+        let key = name(var);
+        if key == b"ZMEM_DISABLE" && matches!(&var[key.len()..], b"=1" | b"=true" | b"=yes") {
+            return None;
+        }
+        if key == b"LD_PRELOAD" {
+            e.preload_at = Some(e.n);
+        }
+        if key == &TUNABLES[..TUNABLES.len() - 1] {
+            e.tunables_at = Some(e.n);
+        }
+        if key.starts_with(b"ZMEM_") {
+            for (i, v) in c.vars.iter().enumerate().take(64) {
+                if name(v.as_bytes()) == key {
+                    e.has |= 1 << i;
+                }
+            }
+        }
+        e.n += 1;
+    }
+}
+
+/// Writes `parts` one after the other and a NUL at the start of `buf`
+/// (long enough: the caller sized it); the string's address.
+fn joined(buf: &mut [u8], parts: &[&[u8]]) -> *const c_char {
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    buf[at] = 0;
+    buf.as_ptr().cast()
 }
 
 /// The program's `environ`.

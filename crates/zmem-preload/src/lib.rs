@@ -58,7 +58,7 @@
 //!   calls, zmem's own heap, the program's allocator.
 //! - `threads.rs`, `tasks.rs`: the program's threads and their stacks.
 //! - `uaccess.rs`: system-call buffers loaded first (user-mode-only
-//!   userfaultfd); `creds.rs`, `sandbox.rs`, `exec.rs`, `fds.rs`: the calls
+//!   userfaultfd), `stdio.rs` the C library's streams it reads; `creds.rs`, `sandbox.rs`, `exec.rs`, `fds.rs`: the calls
 //!   that change credentials, sandboxes, programs and descriptors.
 //! - `stats.rs`, `meminfo.rs`, `sysmem.rs`: the stats file and what the
 //!   program is told of memory; `coredump.rs`: memory back before a dump.
@@ -90,6 +90,7 @@ mod next;
 mod ns;
 mod sandbox;
 mod stats;
+mod stdio;
 mod sysmem;
 mod tasks;
 mod threads;

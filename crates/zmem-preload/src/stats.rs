@@ -233,7 +233,13 @@ fn prepare(named: Option<&Path>, euid: u32, pid: u32) -> std::io::Result<PathBuf
     let d = zmem_settings::default_stats_dir(euid);
     stats_files::prepare_dir(&d, Some(euid))?;
     stats_files::sweep(&d, pid);
-    *DIR.lock_ok() = CString::new(d.as_os_str().as_bytes()).ok();
+    // Tried: a forked child may have copied it held by its parent's stats
+    // thread, and its exit handler then leaves the file to a sweep.
+    match DIR.try_lock() {
+        Ok(mut dir) => *dir = CString::new(d.as_os_str().as_bytes()).ok(),
+        Err(TryLockError::Poisoned(p)) => *p.into_inner() = CString::new(d.as_os_str().as_bytes()).ok(),
+        Err(TryLockError::WouldBlock) => {}
+    }
     Ok(d)
 }
 

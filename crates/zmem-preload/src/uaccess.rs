@@ -41,6 +41,7 @@ use libc::{
     ssize_t, timespec, timeval, DIR, FILE,
 };
 
+use crate::stdio::{c_len, clear_failure, directory, standard_output, stream, stream_failed, Stdio};
 use crate::PAGE;
 
 /// The pager's userfaultfd serves faults from user mode only. Set at its
@@ -149,7 +150,7 @@ fn remember(start: u64, end: u64, epoch: u64) {
 }
 
 /// Where a call's buffers lie: it calls `each(address, length)` for each.
-type Each<'a> = &'a mut dyn FnMut(usize, usize);
+pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, usize);
 
 /// Faults in every buffer `ranges` names, as [`touch`] does one (`every`:
 /// each managed page, after EFAULT); returns whether any page was.
@@ -540,119 +541,6 @@ fn stat_of(each: Each<'_>, path: *const c_char, buf: *mut c_void, size: usize) {
     each(buf as usize, size);
 }
 
-/// The start of glibc's `struct _IO_FILE` (`<bits/types/struct_FILE.h>`,
-/// public and stable): the stream's buffer pointers.
-#[repr(C)]
-struct FileHead {
-    flags: c_int,
-    read_ptr: *mut c_char,
-    read_end: *mut c_char,
-    read_base: *mut c_char,
-    write_base: *mut c_char,
-    write_ptr: *mut c_char,
-    write_end: *mut c_char,
-    buf_base: *mut c_char,
-    buf_end: *mut c_char,
-}
-
-/// What a stdio call is about to do with a stream's buffer.
-#[derive(Clone, Copy)]
-enum Stdio {
-    /// Read `n` bytes: from the kernel unless the buffer holds that much.
-    Read(usize),
-    /// Read up to `delim` (a line), from the kernel unless it is buffered.
-    ReadTo(u8),
-    /// Write `n` bytes: through the kernel if the buffer has no room.
-    Write(usize),
-    /// Flush what the buffer holds (`fflush`, `fclose`, `__overflow`).
-    Flush,
-    /// Refill it (`__uflow`, `__underflow`).
-    Refill,
-}
-
-/// The buffer of stream `fp`, if the call `op` may take it to the kernel.
-/// `fp` is the program's argument: null (for `fflush`) or a stream of the
-/// C library's, as the call requires.
-fn stream(each: Each<'_>, fp: *mut FILE, op: Stdio) {
-    if fp.is_null() {
-        return;
-    }
-    // SAFETY: a stream's head (above), the fields glibc's own macros read.
-    let h = unsafe { (fp as *const FileHead).read() };
-    let (base, end) = (h.buf_base as usize, h.buf_end as usize);
-    // No buffer yet (the first call allocates one and reads at once: a
-    // fresh allocation of the program's heap, which its allocator wrote).
-    if base == 0 || end <= base || end - base > 64 << 20 {
-        return;
-    }
-    let buffered = (h.read_end as usize).saturating_sub(h.read_ptr as usize);
-    let room = (h.write_end as usize).saturating_sub(h.write_ptr as usize);
-    let to_kernel = match op {
-        Stdio::Read(n) => buffered < n,
-        Stdio::ReadTo(delim) => {
-            // SAFETY: the stream's buffered bytes, [read_ptr, read_end).
-            buffered == 0 || unsafe { libc::memchr(h.read_ptr.cast(), c_int::from(delim), buffered) }.is_null()
-        }
-        Stdio::Write(n) => n >= room,
-        Stdio::Flush => h.write_ptr > h.write_base,
-        Stdio::Refill => true,
-    };
-    if to_kernel {
-        each(base, end - base);
-    }
-}
-
-/// `_IO_ERR_SEEN`: the stream's error flag (`ferror`).
-const STREAM_ERROR: c_int = 0x20;
-
-/// Whether stream `fp` has its error flag set (`ferror_unlocked`: the
-/// caller of the stdio call wrapped holds its lock, or needs none).
-fn stream_failed(fp: *mut FILE) -> bool {
-    // SAFETY: the flags of the caller's stream, its first field.
-    !fp.is_null() && unsafe { (fp as *const c_int).read() } & STREAM_ERROR != 0
-}
-
-extern "C" {
-    fn clearerr_unlocked(fp: *mut FILE);
-}
-
-/// Clears stream `fp`'s error flag.
-fn clear_failure(fp: *mut FILE) {
-    // SAFETY: the caller's stream, whose lock the stdio call wrapped holds
-    // (or needs none).
-    unsafe { clearerr_unlocked(fp) };
-}
-
-/// glibc's `struct __dirstream` (`sysdeps/unix/sysv/linux/dirstream.h`,
-/// private): its buffer follows the head. Misread, the walk below only
-/// faults in more of the program's managed pages than it needs.
-#[repr(C)]
-struct DirHead {
-    fd: c_int,
-    lock: c_int,
-    allocation: size_t,
-    size: size_t,
-    offset: size_t,
-}
-
-/// Bytes of a directory stream's head, before its buffer.
-const DIR_HEAD: usize = 48;
-
-/// The buffer of directory stream `d`, when `readdir` is about to refill
-/// it. `d` is the program's argument, a directory stream of the C
-/// library's, as `readdir` requires.
-fn directory(each: Each<'_>, d: *mut DIR) {
-    if d.is_null() {
-        return;
-    }
-    // SAFETY: the head of the caller's stream (above): its first bytes,
-    // within glibc's allocation whatever its version.
-    let h = unsafe { (d as *const DirHead).read() };
-    if h.offset >= h.size {
-        each(d as usize + DIR_HEAD, h.allocation.min(1 << 20));
-    }
-}
-
 wrap! { resolve_retried, retried:
     readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t, |each| iovecs(each, iov, n);
     preadv(fd: c_int, iov: *const iovec, n: c_int, off: off_t) -> ssize_t, |each| iovecs(each, iov, n);
@@ -789,25 +677,4 @@ wrap! { resolve_prepared, prepared:
     fclose(fp: *mut FILE) -> c_int, |each| stream(each, fp, Stdio::Flush);
     readdir(d: *mut DIR) -> *mut libc::dirent, |each| directory(each, d);
     readdir64(d: *mut DIR) -> *mut libc::dirent64, |each| directory(each, d);
-}
-
-/// The length of the program's string `s` (for `fputs` and `puts`, which
-/// require it NUL-terminated).
-fn c_len(s: *const c_char) -> usize {
-    if s.is_null() {
-        return 0;
-    }
-    // SAFETY: the caller's NUL-terminated string (above).
-    unsafe { libc::strlen(s) }
-}
-
-extern "C" {
-    static stdout: *mut FILE;
-}
-
-/// glibc's `stdout`, for `puts`.
-fn standard_output() -> *mut FILE {
-    // SAFETY: a pointer-sized static of the C library's, set before any
-    // program code runs.
-    unsafe { stdout }
 }

@@ -29,7 +29,7 @@
 //!   point by what it fills between two looks and during the start, and
 //!   the half of the limit above the point is the room for that.
 //!
-//! The state (the settings, the tree slot, the `statm` descriptor, a
+//! The state (the settings, the tree slot, a
 //! forked child's inheritance) has one owner, [`WAITING`], held by a look
 //! (and by the start it makes: a look and a start are one step), taken by
 //! fork's prepare step first of all its locks (`fork::before_fork`), and
@@ -40,12 +40,10 @@
 //! starts the pager first ([`start_now`]), while `/proc` and the swap
 //! directory are still at their paths.
 
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use zmem_common::fds::KeptFd;
 use zmem_common::LockExt;
 use zmem_settings::Settings;
 use zmem_uffd::tree::{Member, Tree};
@@ -59,11 +57,6 @@ pub(crate) struct Waiting {
     /// Its slot in the tree; `None` outside one (or where its segment
     /// could not be joined: the limit is then the process's own).
     member: Option<Member>,
-    /// `/proc/thread-self/statm` of the stats thread, which opens it
-    /// (`/proc/self` of a process whose main thread ended reads as empty),
-    /// kept open (`zmem_common::fds`: the program may close every
-    /// descriptor, or change its root), with that thread's id.
-    statm: Option<(KeptFd, i32)>,
     /// The last look's figures, for the stats file.
     last: Look,
     /// In a forked child, what it held at the fork and the parent it
@@ -149,7 +142,6 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
         pid: std::process::id(),
         settings,
         member,
-        statm: None,
         last: Look::default(),
         inherited: None,
         floor,
@@ -161,8 +153,7 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
     if let Some(parent) = parent {
         let mut g = WAITING.lock_ok();
         let w = g.as_mut().expect("set above");
-        w.statm = open_statm();
-        w.inherited = w.statm.as_ref().and_then(|(fd, _)| anon_bytes(fd)).map(|b| (b, parent));
+        w.inherited = anon_bytes().map(|b| (b, parent));
     }
     // The first look, here: a process that starts in a tree past the
     // point starts its pager now, as every process did at load, and the
@@ -178,27 +169,17 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
     Ok(())
 }
 
-/// The calling thread's `statm`, kept open.
-fn open_statm() -> Option<(KeptFd, i32)> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
-        rustix::fs::open("/proc/thread-self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-    });
-    match fd {
-        Ok(fd) => Some((fd, rustix::thread::gettid().as_raw_nonzero().get())),
-        Err(e) => {
-            log::debug!("/proc/thread-self/statm: {e}");
-            None
-        }
-    }
-}
-
-/// The process's anonymous resident bytes, from `statm` (one `pread`):
-/// resident pages less shared ones (file pages and shared memory).
-fn anon_bytes(statm: &KeptFd) -> Option<usize> {
-    let mut buf = [0u8; 128];
-    let n = rustix::io::pread(statm.as_fd(), &mut buf, 0).ok()?;
-    let mut f = buf[..n].split(|&c| c == b' ').map(|f| std::str::from_utf8(f).ok()?.parse::<usize>().ok());
+/// The process's anonymous resident bytes: resident pages less shared
+/// ones (file pages and shared memory), from the calling thread's
+/// `/proc/thread-self/statm` (`/proc/self` of a process whose main thread
+/// ended reads as empty). Opened, read and closed in one descriptor
+/// section (`zmem_common::fds`), never kept: a program's `dup2` onto a
+/// number it takes for free waits for the section, where a descriptor
+/// kept open was replaced under zmem, and its close then closed the
+/// program's file (sshd's re-exec'd child lost its configuration pipe).
+fn anon_bytes() -> Option<usize> {
+    let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/statm".as_ref()).ok()?;
+    let mut f = t.split(' ').map(|f| f.parse::<usize>().ok());
     let resident = f.nth(1)??;
     let shared = f.next()??;
     Some(resident.saturating_sub(shared) * crate::PAGE)
@@ -258,7 +239,7 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
         return false;
     }
     if inline {
-        crate::guard::guarded(|| look(false));
+        crate::guard::guarded(look);
         return crate::init::current().is_some();
     }
     let looks = LOOKS.load(Ordering::Acquire);
@@ -283,19 +264,14 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
 /// grows starts once the sum is halfway there, and a process started in
 /// a tree that is near its limit starts at once, as it always did.
 pub(crate) fn tick() -> Option<Duration> {
-    look(true)
+    look()
 }
 
-/// A look (see [`tick`]), by the stats thread (`stats_thread`), which
-/// keeps its own `statm` open, or by a program thread, which reads the
-/// one there is.
-fn look(stats_thread: bool) -> Option<Duration> {
+/// A look (see [`tick`]), by the stats thread or by a program thread
+/// (after a large malloc).
+fn look() -> Option<Duration> {
     let mut guard = WAITING.lock_ok();
     let w = guard.as_mut()?;
-    let me = rustix::thread::gettid().as_raw_nonzero().get();
-    if w.statm.is_none() || (stats_thread && w.statm.as_ref().is_some_and(|(_, tid)| *tid != me)) {
-        w.statm = open_statm();
-    }
     // What a forked child shares with its parent is the parent's while the
     // parent lives (its parent changes when it exits).
     // SAFETY: getppid has no preconditions.
@@ -304,7 +280,7 @@ fn look(stats_thread: bool) -> Option<Duration> {
     }
     let base = w.inherited.map_or(0, |(b, _)| b);
     // Unreadable: taken as past the start point, so that the limit holds.
-    let anon = w.statm.as_ref().and_then(|(fd, _)| anon_bytes(fd)).map_or(usize::MAX / 2, |b| b.saturating_sub(base));
+    let anon = anon_bytes().map_or(usize::MAX / 2, |b| b.saturating_sub(base));
     // What the program mapped counts until it is filled: the large
     // mappings the shim saw, less the growth of the anonymous bytes since
     // (its thread stacks, which glibc maps itself and zmem never adopts,
@@ -349,7 +325,6 @@ fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
     log::debug!("usage reached {}% of the limit: the pager starts", w.settings.start_percent);
     // The slot goes back first: the pager joins the tree itself.
     drop(w.member);
-    drop(w.statm);
     crate::init::start_late(w.settings);
 }
 
@@ -463,16 +438,12 @@ pub(crate) fn fork_lock() -> MutexGuard<'static, Option<Waiting>> {
 }
 
 /// In a forked child (its only thread), with the state the prepare step
-/// held: a child of a waiting process waits too, with a slot, a `statm`
-/// and a stats thread of its own. The parent's slot and descriptor stay
-/// the parent's: the slot is not given back (`Member`'s drop looks at the
-/// pid), and the descriptor, which reads the parent's `statm`, is closed.
+/// held: a child of a waiting process waits too, with a slot and a stats
+/// thread of its own. The parent's slot stays the parent's (`Member`'s
+/// drop looks at the pid).
 pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>>) {
     let Some(w) = take(&mut guard) else { return };
     drop(guard);
-    if let Some((fd, _)) = w.statm {
-        drop(fd.into_owned());
-    }
     drop(w.member);
     // SAFETY: getppid has no preconditions.
     if let Err(settings) = begin_with(w.settings, Some(unsafe { libc::getppid() } as u32)) {

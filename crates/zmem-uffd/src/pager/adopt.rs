@@ -282,6 +282,41 @@ impl Inner {
         Ok(self.adopt_range_with(addr, len, Some(has))?.map(|(st, take)| (st, take.unwrap_or_default())))
     }
 
+    /// Adopts `[addr, addr + len)` (see `adopt_range`; `has`: in a forked
+    /// child, the pages the parent's snapshot has).
+    ///
+    /// Registered only once it is in the table: from the registration
+    /// on, the kernel reports an UNMAP of the range, and the handler
+    /// must find this region to record the hole. Registered first, an
+    /// UNMAP read before the insert was lost: glibc trimmed the brk
+    /// heap just after, grew it back (a mapping of its own, not
+    /// registered), and eviction took the new page from there while
+    /// no COPY could bring it back (Python then read zeros).
+    ///
+    /// The tail past the last whole folio is registered too, so that the
+    /// kernel does not split the mapping there: an mremap of a range
+    /// across two VMAs fails with EFAULT, and glibc's realloc of a
+    /// chunk it mmapped is such an mremap. The tail belongs to no
+    /// region: a fault there is a stray one and gets a zero page, which
+    /// is what an anonymous page never touched holds; a page there is
+    /// never evicted.
+    ///
+    /// UFFDIO_REGISTER steps over gaps without a word. A range listed as
+    /// one mapping may have lost its end meanwhile (glibc trimmed its
+    /// brk heap: no UNMAP, since it was not registered yet) and got it
+    /// back as a mapping of its own (not registered: it cannot merge
+    /// with ours). From the first boundary inside the range, the range
+    /// is a hole of the region and is unregistered: eviction must never
+    /// MOVE pages out of memory no COPY can put them back into (it did,
+    /// and Python read zeros).
+    ///
+    /// In a forked child taking its parent's pages over (`has`), the
+    /// program has not run since the fork: a boundary there is one the
+    /// parent's region had (the program split it with an `mprotect` or
+    /// a `madvise` on part of it), each side registered, and only a gap
+    /// ends the range (a `MADV_DONTFORK` mapping, which the child does
+    /// not have). Cut at the first boundary, the pages past it (evicted
+    /// in the parent, unregistered here) read as zeros.
     #[allow(clippy::type_complexity)]
     fn adopt_range_with(
         &self,
@@ -319,55 +354,15 @@ impl Inner {
             regions.insert((addr, st.id), Arc::clone(&st));
         }
         self.unmapping();
-        // Registered only once it is in the table: from the registration
-        // on, the kernel reports an UNMAP of the range, and the handler
-        // must find this region to record the hole. Registered first, an
-        // UNMAP read before the insert was lost: glibc trimmed the brk
-        // heap just after, grew it back (a mapping of its own, not
-        // registered), and eviction took the new page from there while
-        // no COPY could bring it back (Python then read zeros).
-        //
-        // The tail past the last whole folio is registered too, so that the
-        // kernel does not split the mapping there: an mremap of a range
-        // across two VMAs fails with EFAULT, and glibc's realloc of a
-        // chunk it mmapped is such an mremap. The tail belongs to no
-        // region: a fault there is a stray one and gets a zero page, which
-        // is what an anonymous page never touched holds; a page there is
-        // never evicted.
+        // Registered once in the table, the tail too (see above).
         if let Err(e) = self.uffd.register(addr, full as u64, self.register_mode()) {
             self.regions.write_ok().remove(&(addr, st.id));
             self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
             return Err(e.into());
         }
-        // UFFDIO_REGISTER steps over gaps without a word. A range listed as
-        // one mapping may have lost its end meanwhile (glibc trimmed its
-        // brk heap: no UNMAP, since it was not registered yet) and got it
-        // back as a mapping of its own (not registered: it cannot merge
-        // with ours). From the first boundary inside the range, the range
-        // is a hole of the region and is unregistered: eviction must never
-        // MOVE pages out of memory no COPY can put them back into (it did,
-        // and Python read zeros).
-        //
-        // In a forked child taking its parent's pages over (`has`), the
-        // program has not run since the fork: a boundary there is one the
-        // parent's region had (the program split it with an `mprotect` or
-        // a `madvise` on part of it), each side registered, and only a gap
-        // ends the range (a `MADV_DONTFORK` mapping, which the child does
-        // not have). Cut at the first boundary, the pages past it (evicted
-        // in the parent, unregistered here) read as zeros.
+        // From the first boundary inside the range: a hole (see above).
         let (end, end_full) = (addr + len as u64, addr + full as u64);
-        let through = |fd| match has {
-            Some(_) => vmas::mapped_through(fd, addr, end_full).map(|e| Some((addr, e))),
-            None => vmas::covering(fd, addr),
-        };
-        let cut = match self.maps().and_then(through) {
-            Ok(Some((s, e))) if s <= addr => e.min(end_full),
-            Ok(_) => addr,
-            Err(e) => {
-                log::warn!("checking the mapping at {addr:#x} after registering it failed: {e}");
-                addr
-            }
-        };
+        let cut = self.registered_through(addr, end_full, has.is_some());
         if cut < end_full {
             let _ = self.uffd.unregister(cut, end_full - cut);
         }
@@ -391,12 +386,52 @@ impl Inner {
         inc(&self.counters.adopted_regions);
         log::debug!("adopted {addr:#x}..{:#x} as region {}", addr + len as u64, st.id);
         self.counters.adopted_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        // Pages past a cut are a hole of the region: none is taken.
+        let upto = if cut < end { (cut - addr) as usize / PAGE_SIZE } else { len / PAGE_SIZE };
+        let take = self.adopt_pages(&st, addr, len, upto, has)?;
+        if self.usage() > self.high() {
+            self.kick_reclaim();
+        }
+        Ok(Some((st, take)))
+    }
+
+    /// Where the mapping at `addr`, just registered up to `end_full`, ends:
+    /// at the first boundary inside the range, or in a forked child
+    /// (`forked`) at the first gap (see `adopt_range_with`). `addr` where
+    /// it cannot be told.
+    fn registered_through(&self, addr: u64, end_full: u64, forked: bool) -> u64 {
+        let through = |fd| match forked {
+            true => vmas::mapped_through(fd, addr, end_full).map(|e| Some((addr, e))),
+            false => vmas::covering(fd, addr),
+        };
+        match self.maps().and_then(through) {
+            Ok(Some((s, e))) if s <= addr => e.min(end_full),
+            Ok(_) => addr,
+            Err(e) => {
+                log::warn!("checking the mapping at {addr:#x} after registering it failed: {e}");
+                addr
+            }
+        }
+    }
+
+    /// The pages of `[addr, addr + len)`, just adopted as `st`, as
+    /// `/proc/self/pagemap` shows them: each folio with a present page is
+    /// Resident (its absent pages get the zero page); in a forked child
+    /// (`has`, the parent's snapshot), a page the parent has and this
+    /// process lacks is evicted here. Pages from `upto` on are past a cut.
+    /// Returns, per page, whether to import the parent's entry.
+    fn adopt_pages(
+        &self,
+        st: &Arc<RegionState>,
+        addr: u64,
+        len: usize,
+        upto: usize,
+        has: Option<&[bool]>,
+    ) -> Result<Option<Vec<bool>>, PagerError> {
         let pm = PageMap::open()?;
-        let ppf = fs / PAGE_SIZE;
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
         let pages = len / PAGE_SIZE;
         let mut take = has.map(|_| vec![false; pages]);
-        // Pages past a cut are a hole of the region: none is taken.
-        let upto = if cut < end { (cut - addr) as usize / PAGE_SIZE } else { pages };
         let mut p = 0;
         while p < pages {
             let n = PAGEMAP_CHUNK.min(pages - p);
@@ -421,7 +456,7 @@ impl Inner {
                 if !present && !any_evicted {
                     continue;
                 }
-                let (lock, _) = self.stripe(&st, f);
+                let (lock, _) = self.stripe(st, f);
                 let _g = lock.lock_ok();
                 if st.folio(f) != Folio::Never {
                     continue;
@@ -436,8 +471,8 @@ impl Inner {
                     continue;
                 }
                 match shared.get(i).filter(|s| s.mostly_shared()) {
-                    Some(s) => self.became_resident_shared(&st, f, s.shared),
-                    None => self.became_resident(&st, f),
+                    Some(s) => self.became_resident_shared(st, f, s.shared),
+                    None => self.became_resident(st, f),
                 }
                 if any_evicted {
                     let mut mask = 0u64;
@@ -449,18 +484,15 @@ impl Inner {
                             }
                         }
                     }
-                    self.set_swapped(&st, f, mask);
+                    self.set_swapped(st, f, mask);
                 }
                 let filled: Vec<bool> =
                     (0..chunk.len()).map(|j| chunk[j] || evicted.get(j).copied().unwrap_or(false)).collect();
-                self.zero_absent(&st, f, &filled);
+                self.zero_absent(st, f, &filled);
             }
             p += n;
         }
-        if self.usage() > self.high() {
-            self.kick_reclaim();
-        }
-        Ok(Some((st, take)))
+        Ok(take)
     }
 
     /// Folio `f` of `st`, just adopted as Resident because some of its

@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use thiserror::Error;
-use zmem_common::defaults;
+use zmem_common::{defaults, ConfigError};
 use zmem_tier::{TierConfig, TierError};
 
-use crate::sys::UffdError;
+use crate::mapping::PAGE_SIZE;
+use crate::sys::{Features, Uffd, UffdError};
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -187,6 +188,62 @@ impl PagerConfig {
     /// [`PagerConfig::batch_folios`] of a config with these fields.
     pub fn batch_folios_for(folio_size: usize, reclaim_batch: usize) -> usize {
         reclaim_batch.max(defaults::RECLAIM_BATCH_BYTES / folio_size.max(1))
+    }
+
+    /// The userfaultfd features a pager under this config asks for, and
+    /// whether it tracks writes and has `UFFDIO_POISON`.
+    ///
+    /// # Errors
+    /// What asking the kernel for its features fails with.
+    pub(super) fn uffd_features(&self) -> Result<(Features, bool, bool), PagerError> {
+        let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
+        let offered = Uffd::offered(self.open_mode)?;
+        let tracking = self.track_writes && offered.contains(Features::WP_ASYNC);
+        if tracking {
+            want = want | Features::WP_ASYNC;
+        }
+        if self.fork_event {
+            want = want | Features::EVENT_FORK;
+        }
+        if offered.contains(Features::THREAD_ID) {
+            want = want | Features::THREAD_ID; // for `follow.rs`
+        }
+        let poison = offered.contains(Features::POISON);
+        if poison {
+            want = want | Features::POISON;
+        }
+        Ok((want, tracking, poison))
+    }
+
+    /// Refuses a config no pager can run under.
+    ///
+    /// # Errors
+    /// [`PagerError::Config`], naming the field.
+    pub fn validate(&self) -> Result<(), PagerError> {
+        let fs = self.folio_size;
+        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
+            return Err(ConfigError::out_of_range("folio_size", fs, "4 KiB..=2 MiB, a power of two").into());
+        }
+        if !(1..=32).contains(&self.reclaim_batch) {
+            return Err(ConfigError::out_of_range("reclaim_batch", self.reclaim_batch, "1..=32").into());
+        }
+        if self.low_watermark_percent >= self.high_watermark_percent || self.high_watermark_percent > 100 {
+            return Err(ConfigError::invalid("watermarks", "they must satisfy low < high <= 100").into());
+        }
+        if self.limit < 4 * fs * self.batch_folios() {
+            return Err(ConfigError::invalid(
+                "limit",
+                format!("{} is below four reclaim batches ({} bytes)", self.limit, 4 * fs * self.batch_folios()),
+            )
+            .into());
+        }
+        if !(1..=16).contains(&self.handler_threads) {
+            return Err(ConfigError::out_of_range("handler_threads", self.handler_threads, "1..=16").into());
+        }
+        if self.fork_event && (!self.keep_on_fork || self.handler_threads != 1) {
+            return Err(ConfigError::invalid("fork_event", "it needs keep_on_fork and one handler thread").into());
+        }
+        Ok(())
     }
 
     /// The smallest share of a tree's limit a process gets: four reclaim

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
 
-use zmem_tier::{StoreOutcome, StoreRequest};
+use zmem_tier::{StoreOutcome, StoreRequest, TierError};
 
 use super::staging::Staging;
 use super::stats::inc;
@@ -31,8 +31,6 @@ impl Inner {
     ///    pages the program dropped meanwhile. A rejected folio keeps its
     ///    pages uncompressed (`held`) until a fault maps them again.
     pub(super) fn evict_batch(&self, staging: &mut Staging, tracker: Option<&mut WriteTracker>) -> Pass {
-        let fs = self.cfg.folio_size;
-        let ppf = fs / PAGE_SIZE;
         let mut pass = Pass::default();
         // This pass's slots follow the last one's (see staging.rs).
         let freed = staging.make_room(&self.uffd);
@@ -40,10 +38,36 @@ impl Inner {
             return pass;
         }
         let first_slot = staging.next_slot();
-        let mut isolated = Vec::new();
-        let forked = self.forked.load(Ordering::Relaxed);
         let victims = self.isolate_folios(tracker);
         pass.isolated = victims.len();
+        let isolated = self.begin_eviction(victims, staging, &mut pass);
+        let (moved, shared, next_slot) = self.move_out(isolated, staging, first_slot, &mut pass);
+        let n = moved.len();
+        self.stage_moved(&moved, staging);
+        let (spans, outcomes) = self.store_moved(&moved, staging);
+        self.finish_moved(&moved, spans, outcomes, staging, &mut pass);
+        staging.end_pass(next_slot);
+        if n > 0 {
+            inc(&self.counters.reclaim_passes);
+        }
+        for (st, f) in shared {
+            self.break_cow(&st, f, staging);
+            pass.unevictable += 1;
+        }
+        pass
+    }
+
+    /// The pass's victims, Resident, become Evicting (a fork's shared
+    /// folios parked or made the parent's own first); with the pages a
+    /// partial load left in the tier of each, which stay there.
+    fn begin_eviction(
+        &self,
+        victims: Vec<(Arc<RegionState>, usize)>,
+        staging: &mut Staging,
+        pass: &mut Pass,
+    ) -> Vec<(Arc<RegionState>, usize, u64)> {
+        let mut isolated = Vec::new();
+        let forked = self.forked.load(Ordering::Relaxed);
         for (st, f) in victims {
             if forked && self.park_if_shared(&st, f, staging) {
                 pass.parked += 1;
@@ -69,11 +93,24 @@ impl Inner {
             drop(g);
             isolated.push((st, f, swapped));
         }
-        // Adjacent victims of a region move out together: one MOVE (and
-        // one TLB shootdown) per run, into consecutive staging slots.
+        isolated
+    }
+
+    /// MOVEs the Evicting folios out into staging from `first_slot`:
+    /// adjacent victims of a region together, one MOVE (and one TLB
+    /// shootdown) per run, into consecutive slots. Returns what moved, the
+    /// folios whose pages are shared with a forked child (their COW is
+    /// broken after the pass), and the slot after the last.
+    #[allow(clippy::type_complexity)]
+    fn move_out(
+        &self,
+        mut isolated: Vec<(Arc<RegionState>, usize, u64)>,
+        staging: &mut Staging,
+        first_slot: usize,
+        pass: &mut Pass,
+    ) -> (Vec<MovedOut>, Vec<(Arc<RegionState>, usize)>, usize) {
         isolated.sort_unstable_by_key(|(st, f, _)| (st.id, *f));
         let mut moved: Vec<MovedOut> = Vec::new();
-        // Folios whose pages are shared with a forked child.
         let mut shared = Vec::new();
         let mut next_slot = first_slot;
         let mut i = 0;
@@ -89,69 +126,78 @@ impl Inner {
                 let Moved { present, stuck, shared: is_shared } = m;
                 staging.mark(slot, &present);
                 if stuck && !present.contains(&true) {
-                    // Nothing could move (mlocked, pinned, shared): it stays
-                    // resident.
-                    self.finish(&st, f, |dropped| {
-                        st.set_folio(f, Folio::Resident);
-                        self.resident.fetch_add(1, Ordering::Relaxed);
-                        // Less what the program dropped meanwhile (`finish`
-                        // drops their entries).
-                        let gone =
-                            dropped.iter().enumerate().filter(|(_, &d)| d).fold(0u64, |a, (p, _)| a | 1 << (p % 64));
-                        self.set_swapped(&st, f, swapped & !gone);
-                    });
-                    // EBUSY is a page shared with a forked child, or one
-                    // pinned (`folio_maybe_dma_pinned`: io_uring's
-                    // registered buffers, RDMA). A COW break makes a shared
-                    // folio movable; one still busy right after its break
-                    // is pinned, and goes off the lists as a locked one. A
-                    // pinned one went back on the lists after every break,
-                    // and reclaim broke it again: fio's 64 MiB of
-                    // registered buffers under 32M, 400k breaks in 16 s,
-                    // all of a CPU.
-                    let pinned = is_shared && {
-                        let mut broken = self.cow_broken.lock_ok();
-                        let again = broken.remove(&(st.id, f));
-                        if !again {
-                            // Folios of regions gone since stay behind:
-                            // bounded.
-                            if broken.len() >= COW_BROKEN_MAX {
-                                broken.clear();
-                            }
-                            broken.insert((st.id, f));
-                        }
-                        again
-                    };
-                    if is_shared && !pinned {
+                    if self.keep_stuck(&st, f, swapped, is_shared, pass) {
                         shared.push((Arc::clone(&st), f));
-                        continue;
                     }
-                    // Off the lists (as the kernel's unevictable LRU) until
-                    // reclaim looks again, now and then: it may be unlocked.
-                    st.queued[f].store(true, Ordering::Release);
-                    self.lru.lock_ok().unevictable.push((Arc::clone(&st), f));
-                    self.lru_len.fetch_add(1, Ordering::Relaxed);
-                    inc(&self.counters.unevictable_folios);
-                    pass.unevictable += 1;
                     continue;
                 }
                 moved.push(MovedOut { st: Arc::clone(&st), f, slot, present, swapped });
             }
         }
-        let n = moved.len();
+        (moved, shared, next_slot)
+    }
+
+    /// Folio `f` of `st`, none of whose pages could move (mlocked, pinned,
+    /// shared), stays resident. Returns whether its pages are shared with
+    /// a forked child and its COW is to be broken; otherwise it goes off
+    /// the lists.
+    fn keep_stuck(&self, st: &Arc<RegionState>, f: usize, swapped: u64, is_shared: bool, pass: &mut Pass) -> bool {
+        self.finish(st, f, |dropped| {
+            st.set_folio(f, Folio::Resident);
+            self.resident.fetch_add(1, Ordering::Relaxed);
+            // Less what the program dropped meanwhile (`finish` drops
+            // their entries).
+            let gone = dropped.iter().enumerate().filter(|(_, &d)| d).fold(0u64, |a, (p, _)| a | 1 << (p % 64));
+            self.set_swapped(st, f, swapped & !gone);
+        });
+        // EBUSY is a page shared with a forked child, or one pinned
+        // (`folio_maybe_dma_pinned`: io_uring's registered buffers, RDMA).
+        // A COW break makes a shared folio movable; one still busy right
+        // after its break is pinned, and goes off the lists as a locked
+        // one. A pinned one went back on the lists after every break, and
+        // reclaim broke it again: fio's 64 MiB of registered buffers under
+        // 32M, 400k breaks in 16 s, all of a CPU.
+        let pinned = is_shared && {
+            let mut broken = self.cow_broken.lock_ok();
+            let again = broken.remove(&(st.id, f));
+            if !again {
+                // Folios of regions gone since stay behind: bounded.
+                if broken.len() >= COW_BROKEN_MAX {
+                    broken.clear();
+                }
+                broken.insert((st.id, f));
+            }
+            again
+        };
+        if is_shared && !pinned {
+            return true;
+        }
+        // Off the lists (as the kernel's unevictable LRU) until reclaim
+        // looks again, now and then: it may be unlocked.
+        st.queued[f].store(true, Ordering::Release);
+        self.lru.lock_ok().unevictable.push((Arc::clone(st), f));
+        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        inc(&self.counters.unevictable_folios);
+        pass.unevictable += 1;
+        false
+    }
+
+    /// The folios that moved: from here a fault on one of them is served
+    /// from its slot (`rescue`), not made to wait for the pass, and a fault
+    /// waiting in `throttle` goes on (usage fell at isolation), not when
+    /// the pass has been compressed and stored.
+    fn stage_moved(&self, moved: &[MovedOut], staging: &Staging) {
         {
             let mut broken = self.cow_broken.lock_ok();
             if !broken.is_empty() {
-                for m in &moved {
+                for m in moved {
                     broken.remove(&(m.st.id, m.f));
                 }
             }
         }
-        // From here a fault on one of them is served from its slot
-        // (`rescue`), not made to wait for the pass.
         {
             let mut staged = self.staged.lock_ok();
-            for MovedOut { st, f, slot, present, swapped } in &moved {
+            for MovedOut { st, f, slot, present, swapped } in moved {
                 let s = Staged {
                     addr: staging.slot_addr(*slot),
                     present: present.clone(),
@@ -161,20 +207,23 @@ impl Inner {
                 staged.insert((st.id, *f), s);
             }
         }
-        if n > 0 && !self.cfg.inject_store_delay.is_zero() {
+        if !moved.is_empty() && !self.cfg.inject_store_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_store_delay);
         }
-        if n > 0 {
-            // The pages are out of the program (usage fell at isolation):
-            // a fault waiting in `throttle` goes on now, not when the pass
-            // has been compressed and stored.
+        if !moved.is_empty() {
             self.wake_reclaim_waiters();
         }
-        // Every run of every folio goes to the tier in one call, so that a
-        // compressor with engines spreads the pass over every core.
-        let mut reqs = Vec::with_capacity(n);
-        let mut spans = Vec::with_capacity(n);
-        for MovedOut { st, f, slot, present, swapped } in &moved {
+    }
+
+    /// Stores the pages that moved, every run of every folio in one call,
+    /// so that a compressor with engines spreads the pass over every core.
+    /// Returns each folio's runs with the range of their outcomes, and the
+    /// outcomes.
+    fn store_moved(&self, moved: &[MovedOut], staging: &Staging) -> (Vec<Span>, Vec<Result<StoreOutcome, TierError>>) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let mut reqs = Vec::with_capacity(moved.len());
+        let mut spans = Vec::with_capacity(moved.len());
+        for MovedOut { st, f, slot, present, swapped } in moved {
             // Only the pages MOVE filled may be read (see staging.rs).
             let runs = page_runs(present);
             // Pages that did not move lose any entry a load kept (a page
@@ -216,6 +265,22 @@ impl Inner {
         drop(reqs);
         self.counters.reclaim_store_ns.fetch_add(stored_at.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.counters.reclaim_store_pages.fetch_add(store_pages as u64, Ordering::Relaxed);
+        (spans, outcomes)
+    }
+
+    /// Each folio that moved is Evicted where all its runs were stored;
+    /// where one was rejected, its pages are kept as they are (held); one a
+    /// fault mapped back from staging meanwhile stays resident.
+    fn finish_moved(
+        &self,
+        moved: &[MovedOut],
+        spans: Vec<Span>,
+        outcomes: Vec<Result<StoreOutcome, TierError>>,
+        staging: &Staging,
+        pass: &mut Pass,
+    ) {
+        let fs = self.cfg.folio_size;
+        let ppf = fs / PAGE_SIZE;
         for (MovedOut { st, f, slot, present, .. }, (runs, span)) in moved.iter().zip(spans) {
             let slot = *slot;
             let run_data = |p: usize, n: usize| staging.run(slot, p, n);
@@ -266,15 +331,6 @@ impl Inner {
                 st.set_folio(*f, Folio::Evicted);
             });
         }
-        staging.end_pass(next_slot);
-        if n > 0 {
-            inc(&self.counters.reclaim_passes);
-        }
-        for (st, f) in shared {
-            self.break_cow(&st, f, staging);
-            pass.unevictable += 1;
-        }
-        pass
     }
 
     /// Folio `f` (Resident) could not move because its pages are shared
@@ -391,6 +447,18 @@ impl Inner {
     ///
     /// `swapped` (one mask per folio) are pages a partial load left in the
     /// tier: they are not mapped, and are stepped over as holes are.
+    ///
+    /// Never MOVE from what the program unmapped: the kernel may have put
+    /// someone else's pages there since (a brk heap shrunk and grown
+    /// again: UFFDIO_MOVE takes pages from any anonymous VMA, registered
+    /// or not). `events` is held from looking up the holes until the
+    /// MOVEs are done: every UNMAP read before is a hole here, and one
+    /// not yet read fails our MOVE with EAGAIN (the kernel's
+    /// `mmap_changing`, raised until the event is read), after which the
+    /// lock is let go for the handler and the holes looked up again.
+    /// Holding it only while looking up left a window: the handler read
+    /// an UNMAP, the program grew its heap back over the range and wrote
+    /// there, and this MOVE took the new pages (they read as zeros).
     pub(super) fn move_span(
         &self,
         st: &RegionState,
@@ -416,17 +484,7 @@ impl Inner {
         let mut failed = vec![false; k * ppf];
         let mut busy = vec![false; k * ppf];
         let mut recount = false;
-        // Never MOVE from what the program unmapped: the kernel may have put
-        // someone else's pages there since (a brk heap shrunk and grown
-        // again: UFFDIO_MOVE takes pages from any anonymous VMA, registered
-        // or not). `events` is held from looking up the holes until the
-        // MOVEs are done: every UNMAP read before is a hole here, and one
-        // not yet read fails our MOVE with EAGAIN (the kernel's
-        // `mmap_changing`, raised until the event is read), after which the
-        // lock is let go for the handler and the holes looked up again.
-        // Holding it only while looking up left a window: the handler read
-        // an UNMAP, the program grew its heap back over the range and wrote
-        // there, and this MOVE took the new pages (they read as zeros).
+        // Never from what the program unmapped (see above).
         let mut events = self.events.read_ok();
         let mut holes = st.holes_in(f * ppf, k * ppf);
         if !self.cfg.inject_move_delay.is_zero() {
@@ -465,23 +523,13 @@ impl Inner {
                     events = self.events.read_ok();
                     holes = st.holes_in(f * ppf, k * ppf);
                 }
-                // The two mappings' protections differ: the region's is
-                // executable and the slots' home is not, or the other way
-                // round (an EINVAL for another reason, a span across two
-                // mappings, is a failure as below). Before anything moved
-                // (the slots' page tables say so: a failed MOVE's count is
-                // not the last word), the slots move to the other home and
-                // the run is tried again there.
+                // The protections differ (`home_differs`; an EINVAL for
+                // another reason, a span across two mappings, fails below).
                 Err(UffdError::Ioctl { errno: rustix::io::Errno::INVAL, .. })
                     if !switched
                         && !present.contains(&true)
                         && !failed.contains(&true)
-                        && self
-                            .maps()
-                            .ok()
-                            .and_then(|fd| crate::vmas::executable(fd, src + off))
-                            .is_some_and(|x| x != staging.is_exec(slot))
-                        && staging.occupied(slot, k).is_none_or(|o| !o.contains(&true)) =>
+                        && self.home_differs(src + off, staging, slot, k) =>
                 {
                     switched = true;
                     let other = !staging.is_exec(slot);
@@ -509,13 +557,18 @@ impl Inner {
                 present = occupied;
             }
         }
-        (0..k)
-            .map(|j| {
-                let r = j * ppf..(j + 1) * ppf;
-                let stuck = failed[r.clone()].iter().zip(&present[r.clone()]).any(|(&x, &moved)| x && !moved);
-                Moved { present: present[r.clone()].to_vec(), stuck, shared: busy[r].contains(&true) }
-            })
-            .collect()
+        per_folio(ppf, &present, &failed, &busy)
+    }
+
+    /// Whether a MOVE from `src` into the `k` slots from `slot` failed
+    /// with EINVAL because the two mappings' protections differ (the
+    /// region's executable and the slots' home not, or the other way
+    /// round), with nothing moved yet (the slots' page tables say so: a
+    /// failed MOVE's count is not the last word): the slots may then move
+    /// to the other home and the run be tried again there.
+    fn home_differs(&self, src: u64, staging: &Staging, slot: usize, k: usize) -> bool {
+        self.maps().ok().and_then(|fd| crate::vmas::executable(fd, src)).is_some_and(|x| x != staging.is_exec(slot))
+            && staging.occupied(slot, k).is_none_or(|o| !o.contains(&true))
     }
 
     /// Ends an eviction of folio `f` under its stripe lock: `done` gets the
@@ -545,6 +598,10 @@ impl Inner {
 }
 
 /// A victim whose pages moved to staging, to store.
+/// A moved folio's runs of pages (first, count), and the range of their
+/// store outcomes.
+type Span = (Vec<(usize, usize)>, std::ops::Range<usize>);
+
 struct MovedOut {
     st: Arc<RegionState>,
     f: usize,
@@ -582,4 +639,17 @@ pub(super) fn page_runs(present: &[bool]) -> Vec<(usize, usize)> {
         }
     }
     runs
+}
+
+/// What [`Inner::move_span`] found, folio by folio (`ppf` pages each):
+/// the pages that moved, whether one failed and stayed (`stuck`), and
+/// whether one of those is shared with a forked child (EBUSY).
+fn per_folio(ppf: usize, present: &[bool], failed: &[bool], busy: &[bool]) -> Vec<Moved> {
+    (0..present.len() / ppf)
+        .map(|j| {
+            let r = j * ppf..(j + 1) * ppf;
+            let stuck = failed[r.clone()].iter().zip(&present[r.clone()]).any(|(&x, &moved)| x && !moved);
+            Moved { present: present[r.clone()].to_vec(), stuck, shared: busy[r].contains(&true) }
+        })
+        .collect()
 }

@@ -119,52 +119,11 @@ impl Inner {
                 }
             }
             let guard = self.events.write_ok();
-            if carry.is_empty() {
-                if self.uffd.read_events_into(&mut events).is_err() {
-                    return;
-                }
-            } else {
-                events.clear();
-                events.append(&mut carry);
-            }
+            let Ok(fork) = self.read_batch(&mut events, &mut carry) else { return };
             if !events.is_empty() {
                 busy.set(true);
             }
-            // A FORK event: the events before it are handled now, the child
-            // is served until it has its memory, and the rest come after.
-            let fork = events.iter().position(|e| matches!(e, Event::Fork { .. })).map(|i| {
-                self.fork_seen();
-                carry = events.split_off(i + 1);
-                events.pop().expect("the FORK event")
-            });
-            // Where regions are (REMAP) and which parts the program unmapped
-            // (UNMAP), before anyone may look (`Region::drop`). The regions
-            // each REMOVE or UNMAP drops pages of are the ones there now: a
-            // region adopted once the guard is gone (the program mapped the
-            // range again) is not the one the event is about. Each is taken
-            // with its address then (a later REMAP may move it).
-            // The kernel zaps a REMOVE's or UNMAP's range once its event is
-            // read: from here until `drop_range` is done with it, no COPY
-            // may put the old bytes back there (`dropping`).
-            let mut drops: VecDeque<Vec<(Arc<RegionState>, u64)>> = VecDeque::new();
-            if events.iter().any(|e| matches!(e, Event::Unmap { .. } | Event::Remove { .. } | Event::Remap { .. })) {
-                self.unmapping();
-            }
-            for ev in &events {
-                match *ev {
-                    Event::Unmap { start, end } => {
-                        self.note_unmapped(start, end);
-                        drops.push_back(self.regions_at(start, end));
-                        self.dropping.lock_ok().push((start, end));
-                    }
-                    Event::Remove { start, end } => {
-                        drops.push_back(self.regions_at(start, end));
-                        self.dropping.lock_ok().push((start, end));
-                    }
-                    Event::Remap { from, to, len } => self.remap(from, to, len),
-                    _ => {}
-                }
-            }
+            let mut drops = self.note_events(&events);
             drop(guard);
             if events.is_empty() {
                 if spinning {
@@ -199,39 +158,8 @@ impl Inner {
                 // them now could free entries the child needed.
                 continue;
             }
-            // Serve faults in order; a folio being evicted waits its turn
-            // (the others go ahead), and at the first EAGAIN go back and
-            // read the event that blocks them all.
-            let mut i = 0;
             let had = pending.len();
-            while i < pending.len() {
-                let (addr, write, tid, busy_since) = pending[i];
-                // The thread followed, held on this CPU while its fault is
-                // served where the scheduler keeps moving it (`follow.rs`).
-                let held = follow.hold(tid);
-                let served = self.fault(addr, write, &mut bounce, &mut ra);
-                if held {
-                    follow.let_go(tid);
-                    inc(&self.counters.handler_holds);
-                }
-                match served {
-                    Served::Done => {
-                        if let Some(t) = busy_since {
-                            let ns = t.elapsed().as_nanos() as u64;
-                            self.counters.eviction_wait_ns.fetch_add(ns, Ordering::Relaxed);
-                        }
-                        pending.remove(i);
-                    }
-                    Served::Busy => {
-                        if busy_since.is_none() {
-                            inc(&self.counters.eviction_waits);
-                            pending[i].3 = Some(Instant::now());
-                        }
-                        i += 1
-                    }
-                    Served::Again => break,
-                }
-            }
+            self.serve_pending(&mut pending, &mut follow, &mut bounce, &mut ra);
             if had > 0 && pending.is_empty() {
                 let now = Instant::now();
                 spin.went_idle(now);
@@ -240,31 +168,103 @@ impl Inner {
         }
     }
 
+    /// Reads the next batch of events into `events`, or takes the ones a
+    /// FORK event held back (`carry`). A FORK event is returned apart: the
+    /// events before it are handled now, the child is served until it has
+    /// its memory, and the rest (left in `carry`) come after. `Err`: the
+    /// userfaultfd is gone.
+    fn read_batch(&self, events: &mut Vec<Event>, carry: &mut Vec<Event>) -> Result<Option<Event>, ()> {
+        if carry.is_empty() {
+            self.uffd.read_events_into(events).map_err(|_| ())?;
+        } else {
+            events.clear();
+            events.append(carry);
+        }
+        Ok(events.iter().position(|e| matches!(e, Event::Fork { .. })).map(|i| {
+            self.fork_seen();
+            *carry = events.split_off(i + 1);
+            events.pop().expect("the FORK event")
+        }))
+    }
+
+    /// Where regions are (REMAP) and which parts the program unmapped
+    /// (UNMAP), from a batch of events just read, under the `events` guard,
+    /// before anyone may look (`Region::drop`). Returns one list of regions
+    /// per REMOVE or UNMAP, for `drop_range` once the guard is gone: the
+    /// regions there now, each with its address then (a later REMAP may
+    /// move it); a region adopted once the guard is gone (the program
+    /// mapped the range again) is not the one the event is about. The
+    /// kernel zaps a REMOVE's or UNMAP's range once its event is read: from
+    /// here until `drop_range` is done with it, no COPY may put the old
+    /// bytes back there (`dropping`).
+    fn note_events(&self, events: &[Event]) -> VecDeque<Vec<(Arc<RegionState>, u64)>> {
+        let mut drops = VecDeque::new();
+        if events.iter().any(|e| matches!(e, Event::Unmap { .. } | Event::Remove { .. } | Event::Remap { .. })) {
+            self.unmapping();
+        }
+        for ev in events {
+            match *ev {
+                Event::Unmap { start, end } => {
+                    self.note_unmapped(start, end);
+                    drops.push_back(self.regions_at(start, end));
+                    self.dropping.lock_ok().push((start, end));
+                }
+                Event::Remove { start, end } => {
+                    drops.push_back(self.regions_at(start, end));
+                    self.dropping.lock_ok().push((start, end));
+                }
+                Event::Remap { from, to, len } => self.remap(from, to, len),
+                _ => {}
+            }
+        }
+        drops
+    }
+
+    /// Serves the faults read and not yet served, in order; a folio being
+    /// evicted waits its turn (the others go ahead), and at the first
+    /// EAGAIN it returns to read the event that blocks them all.
+    fn serve_pending(
+        &self,
+        pending: &mut VecDeque<(u64, bool, u32, Option<Instant>)>,
+        follow: &mut super::follow::Follow,
+        bounce: &mut [u8],
+        ra: &mut ReadAhead,
+    ) {
+        let mut i = 0;
+        while i < pending.len() {
+            let (addr, write, tid, busy_since) = pending[i];
+            // The thread followed, held on this CPU while its fault is
+            // served where the scheduler keeps moving it (`follow.rs`).
+            let held = follow.hold(tid);
+            let served = self.fault(addr, write, bounce, ra);
+            if held {
+                follow.let_go(tid);
+                inc(&self.counters.handler_holds);
+            }
+            match served {
+                Served::Done => {
+                    if let Some(t) = busy_since {
+                        let ns = t.elapsed().as_nanos() as u64;
+                        self.counters.eviction_wait_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    pending.remove(i);
+                }
+                Served::Busy => {
+                    if busy_since.is_none() {
+                        inc(&self.counters.eviction_waits);
+                        pending[i].3 = Some(Instant::now());
+                    }
+                    i += 1
+                }
+                Served::Again => break,
+            }
+        }
+    }
+
     /// Serves a fault at `addr` (`write`: the access was a write).
     fn fault(&self, addr: u64, write: bool, bounce: &mut [u8], ra: &mut ReadAhead) -> Served {
         let fs = self.cfg.folio_size as u64;
-        let Some(st) = self.region_at(addr) else {
-            // Not a region (a staging page, or a region being torn down):
-            // map a zero page so that the thread is not stuck.
-            inc(&self.counters.stray_faults);
-            let page = addr & !(PAGE_SIZE as u64 - 1);
-            log::debug!("a fault at {addr:#x} lies in no region: a zero page");
-            // Not woken yet: the pages after it are filled first, so that
-            // a thread walking on finds them there.
-            // SAFETY: an address of a range registered with our uffd, which
-            // no Rust reference covers.
-            let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, true) };
-            if matches!(r, Err(UffdError::Again { .. })) {
-                return Served::Again;
-            }
-            if r.is_ok() {
-                self.zero_stray_ahead(page);
-            }
-            // Never leave a thread asleep: it finds the page, or touches it
-            // again and faults anew.
-            let _ = self.uffd.wake(page, PAGE_SIZE as u64);
-            return Served::Done;
-        };
+        let Some(st) = self.region_at(addr) else { return self.stray_fault(addr) };
         let start = st.start.load(Ordering::Acquire);
         let f = ((addr - start) / fs) as usize;
         let folio_addr = start + f as u64 * fs;
@@ -321,35 +321,7 @@ impl Inner {
                 self.became_resident(&st, f);
                 inc(&self.counters.zero_faults);
             }
-            Folio::Evicted => {
-                // A fault that continues a stream loads the whole folio (and
-                // reads ahead); any other, only the block around its page.
-                let page = ((addr - folio_addr) / PAGE_SIZE as u64) as usize;
-                let walk = ra.continues(&At::of(&st, f, addr, fs as usize));
-                let want = self
-                    .cfg
-                    .fault_around_pages()
-                    .filter(|_| !walk && !self.held.lock_ok().contains_key(&(st.id, f)))
-                    .map(|w| block_around(page, w));
-                let why = if walk { Load::Walk } else { Load::Fault };
-                if self.timed_load(&st, f, want, bounce, why) == Served::Again {
-                    return Served::Again;
-                }
-                if let Some(m) = want {
-                    ra.loaded_block(st.id, f, m);
-                }
-                inc(&self.counters.load_faults);
-                if want.is_some() {
-                    inc(&self.counters.partial_load_faults);
-                }
-                if walk {
-                    inc(&self.counters.walk_load_faults);
-                }
-                drop(g);
-                self.read_ahead(&st, f, addr, bounce, ra);
-                self.throttle();
-                return Served::Done;
-            }
+            Folio::Evicted => return self.load_fault(&st, f, folio_addr, addr, (bounce, ra), g),
             _ if st.swapped[f].load(Ordering::Relaxed) >> ((addr - folio_addr) as usize / PAGE_SIZE) & 1 != 0 => {
                 // A page a partial load left in the tier.
                 let i = (addr - folio_addr) as usize / PAGE_SIZE;
@@ -364,33 +336,103 @@ impl Inner {
                 inc(&self.counters.swapped_page_faults);
             }
             _ => {
-                // A page the program dropped from a resident folio.
-                let page = addr & !(PAGE_SIZE as u64 - 1);
-                match st.zero_fill(&self.uffd, page, PAGE_SIZE as u64) {
-                    Err(UffdError::Again { .. }) => return Served::Again,
-                    Err(e) => {
-                        self.stop_if_filtered(&e);
-                        let _ = self.uffd.wake(page, PAGE_SIZE as u64);
-                    }
-                    Ok(_) => {}
+                if self.dropped_page_fault(&st, f, start, addr) == Served::Again {
+                    return Served::Again;
                 }
-                // The fault shows the kernel's zap done: what the page holds
-                // from now on is the program's (see `drop_range_in`).
-                let ppf = self.cfg.folio_size / PAGE_SIZE;
-                let i = ((page - start) as usize / PAGE_SIZE) % ppf;
-                let mut d = self.dropped.lock_ok();
-                if let Some(mask) = d.get_mut(&(st.id, f)) {
-                    mask[i] = false;
-                    if !mask.contains(&true) {
-                        d.remove(&(st.id, f));
-                    }
-                }
-                drop(d);
-                inc(&self.counters.dropped_page_faults);
             }
         }
         drop(g);
         self.throttle();
+        Served::Done
+    }
+
+    /// A fault on evicted folio `f` of `st`, under its stripe lock `g`:
+    /// one that continues a stream loads the whole folio (and reads ahead);
+    /// any other, only the block around its page.
+    fn load_fault(
+        &self,
+        st: &Arc<RegionState>,
+        f: usize,
+        folio_addr: u64,
+        addr: u64,
+        (bounce, ra): (&mut [u8], &mut ReadAhead),
+        g: std::sync::MutexGuard<'_, u32>,
+    ) -> Served {
+        let page = ((addr - folio_addr) / PAGE_SIZE as u64) as usize;
+        let walk = ra.continues(&At::of(st, f, addr, self.cfg.folio_size));
+        let want = self
+            .cfg
+            .fault_around_pages()
+            .filter(|_| !walk && !self.held.lock_ok().contains_key(&(st.id, f)))
+            .map(|w| block_around(page, w));
+        let why = if walk { Load::Walk } else { Load::Fault };
+        if self.timed_load(st, f, want, bounce, why) == Served::Again {
+            return Served::Again;
+        }
+        if let Some(m) = want {
+            ra.loaded_block(st.id, f, m);
+        }
+        inc(&self.counters.load_faults);
+        if want.is_some() {
+            inc(&self.counters.partial_load_faults);
+        }
+        if walk {
+            inc(&self.counters.walk_load_faults);
+        }
+        drop(g);
+        self.read_ahead(st, f, addr, bounce, ra);
+        self.throttle();
+        Served::Done
+    }
+
+    /// A fault in no region (a staging page, or a region being torn down):
+    /// a zero page, so that the thread is not stuck.
+    fn stray_fault(&self, addr: u64) -> Served {
+        inc(&self.counters.stray_faults);
+        let page = addr & !(PAGE_SIZE as u64 - 1);
+        log::debug!("a fault at {addr:#x} lies in no region: a zero page");
+        // Not woken yet: the pages after it are filled first, so that
+        // a thread walking on finds them there.
+        // SAFETY: an address of a range registered with our uffd, which
+        // no Rust reference covers.
+        let r = unsafe { self.uffd.zeropage(page, PAGE_SIZE as u64, true) };
+        if matches!(r, Err(UffdError::Again { .. })) {
+            return Served::Again;
+        }
+        if r.is_ok() {
+            self.zero_stray_ahead(page);
+        }
+        // Never leave a thread asleep: it finds the page, or touches it
+        // again and faults anew.
+        let _ = self.uffd.wake(page, PAGE_SIZE as u64);
+        Served::Done
+    }
+
+    /// A fault on a page the program dropped from resident folio `f` of
+    /// `st` (region start `start`), under the folio's stripe lock.
+    fn dropped_page_fault(&self, st: &RegionState, f: usize, start: u64, addr: u64) -> Served {
+        let page = addr & !(PAGE_SIZE as u64 - 1);
+        match st.zero_fill(&self.uffd, page, PAGE_SIZE as u64) {
+            Err(UffdError::Again { .. }) => return Served::Again,
+            Err(e) => {
+                self.stop_if_filtered(&e);
+                let _ = self.uffd.wake(page, PAGE_SIZE as u64);
+            }
+            Ok(_) => {}
+        }
+        // The fault shows the kernel's zap done: what the page holds
+        // from now on is the program's (see `drop_range_in`).
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let i = ((page - start) as usize / PAGE_SIZE) % ppf;
+        let mut d = self.dropped.lock_ok();
+        if let Some(mask) = d.get_mut(&(st.id, f)) {
+            mask[i] = false;
+            if !mask.contains(&true) {
+                d.remove(&(st.id, f));
+            }
+        }
+        drop(d);
+        inc(&self.counters.dropped_page_faults);
         Served::Done
     }
 

@@ -23,7 +23,7 @@
 //! | `balance.rs` | the pool's share of the limit, moved by what misses cost |
 //! | `codec.rs` | the codec of new stores: the fast one, or a stronger one |
 //! | `adopt.rs` | memory the program mapped itself, adopted by mapping |
-//! | `fork.rs`, `handover.rs` | fork with load-back; fork with the child taking its pages over |
+//! | `fork.rs`, `handover.rs`, `import.rs` | fork with load-back; fork with the child taking its pages over (the parent's side, the child's) |
 //! | `stats.rs`, `config.rs` | counters; settings and errors |
 //!
 //! # Folio states (`Folio`)
@@ -126,6 +126,7 @@ mod fault;
 mod follow;
 mod fork;
 mod handover;
+mod import;
 mod install;
 mod lru;
 mod readahead;
@@ -143,7 +144,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
 
-use zmem_common::ConfigError;
 use zmem_tier::{Tier, TierConfig};
 
 pub use config::{AdoptConfig, PagerConfig, PagerError};
@@ -156,7 +156,7 @@ use stats::Counters;
 pub use stats::{PagerStats, REFAULT_BUCKETS};
 
 use crate::mapping::PAGE_SIZE;
-use crate::sys::{Features, RegisterMode, Uffd, UffdError};
+use crate::sys::{RegisterMode, Uffd, UffdError};
 
 /// A folio's state (one byte per folio in its region's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,45 +417,8 @@ impl Pager {
     /// userfaultfd the parent handed over and the parent's snapshot of the
     /// child's evicted pages, imported before any thread starts.
     fn start(cfg: PagerConfig, handed: Option<handover::Handed>) -> Result<Pager, PagerError> {
-        let fs = cfg.folio_size;
-        if !fs.is_power_of_two() || !(PAGE_SIZE..=2 << 20).contains(&fs) {
-            return Err(ConfigError::out_of_range("folio_size", fs, "4 KiB..=2 MiB, a power of two").into());
-        }
-        if !(1..=32).contains(&cfg.reclaim_batch) {
-            return Err(ConfigError::out_of_range("reclaim_batch", cfg.reclaim_batch, "1..=32").into());
-        }
-        if cfg.low_watermark_percent >= cfg.high_watermark_percent || cfg.high_watermark_percent > 100 {
-            return Err(ConfigError::invalid("watermarks", "they must satisfy low < high <= 100").into());
-        }
-        if cfg.limit < 4 * fs * cfg.batch_folios() {
-            return Err(ConfigError::invalid(
-                "limit",
-                format!("{} is below four reclaim batches ({} bytes)", cfg.limit, 4 * fs * cfg.batch_folios()),
-            )
-            .into());
-        }
-        if !(1..=16).contains(&cfg.handler_threads) {
-            return Err(ConfigError::out_of_range("handler_threads", cfg.handler_threads, "1..=16").into());
-        }
-        if cfg.fork_event && (!cfg.keep_on_fork || cfg.handler_threads != 1) {
-            return Err(ConfigError::invalid("fork_event", "it needs keep_on_fork and one handler thread").into());
-        }
-        let mut want = Features::MOVE | Features::EVENT_REMOVE | Features::EVENT_UNMAP | Features::EVENT_REMAP;
-        let offered = Uffd::offered(cfg.open_mode)?;
-        let tracking = cfg.track_writes && offered.contains(Features::WP_ASYNC);
-        if tracking {
-            want = want | Features::WP_ASYNC;
-        }
-        if cfg.fork_event {
-            want = want | Features::EVENT_FORK;
-        }
-        if offered.contains(Features::THREAD_ID) {
-            want = want | Features::THREAD_ID; // for `follow.rs`
-        }
-        let poison = offered.contains(Features::POISON);
-        if poison {
-            want = want | Features::POISON;
-        }
+        cfg.validate()?;
+        let (want, tracking, poison) = cfg.uffd_features()?;
         // Now, while the program waits for this start: the scans must read
         // it after the program has changed its root.
         let maps = crate::vmas::open_maps();
@@ -534,46 +497,7 @@ impl Pager {
             inner.import_fork(&snap)?;
             inner.forked.store(true, Ordering::Relaxed);
         }
-        // A pager thread that panics leaves memory no one serves: a fault
-        // there, or on a folio it held isolated, would wait for good (a
-        // panic in a forked child's reclaim thread hung the child). The
-        // process is stopped loudly instead.
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            let init = inner.cfg.thread_init;
-            let me = Arc::clone(&inner);
-            // With the program's signals blocked: its handlers must never
-            // run here (see `zmem_common::thread`).
-            zmem_common::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
-                if let Some(init) = init {
-                    init();
-                }
-                let tid = rustix::thread::gettid().as_raw_nonzero().get();
-                me.running.lock_ok().push((name.clone(), tid));
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-                    log::error!("zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting");
-                    std::process::abort();
-                }
-                me.running.lock_ok().retain(|&(_, t)| t != tid);
-            })
-            .map_err(PagerError::Spawn)
-        };
-        let mut threads = Vec::new();
-        for i in 0..inner.cfg.handler_threads {
-            let h = Arc::clone(&inner);
-            let cpu = (!h.cfg.handler_cpus.is_empty()).then(|| h.cfg.handler_cpus[i % h.cfg.handler_cpus.len()]);
-            threads.push(spawn(
-                format!("zmem-handler-{i}"),
-                Box::new(move || {
-                    if let Some(init) = h.cfg.handler_init {
-                        init();
-                    }
-                    h.handler_main(cpu);
-                }),
-            )?);
-        }
-        let r = Arc::clone(&inner);
-        threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
-        inner.threads_started.store(threads.len(), Ordering::Release);
+        let threads = spawn_threads(&inner, staging)?;
         Ok(Pager { inner, threads: Mutex::new(threads) })
     }
 
@@ -809,4 +733,51 @@ impl Inner {
             self.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
         }
     }
+}
+
+/// Starts the pager's threads: its handlers and its reclaim thread.
+fn spawn_threads(inner: &Arc<Inner>, staging: Staging) -> Result<Vec<std::thread::JoinHandle<()>>, PagerError> {
+    // A pager thread that panics leaves memory no one serves: a fault
+    // there, or on a folio it held isolated, would wait for good (a
+    // panic in a forked child's reclaim thread hung the child). The
+    // process is stopped loudly instead.
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        let init = inner.cfg.thread_init;
+        let me = Arc::clone(inner);
+        // With the program's signals blocked: its handlers must never
+        // run here (see `zmem_common::thread`).
+        zmem_common::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
+            if let Some(init) = init {
+                init();
+            }
+            let tid = rustix::thread::gettid().as_raw_nonzero().get();
+            me.running.lock_ok().push((name.clone(), tid));
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                log::error!(
+                    "zmem's {name} thread panicked (reported above): the memory it serves cannot be served; aborting"
+                );
+                std::process::abort();
+            }
+            me.running.lock_ok().retain(|&(_, t)| t != tid);
+        })
+        .map_err(PagerError::Spawn)
+    };
+    let mut threads = Vec::new();
+    for i in 0..inner.cfg.handler_threads {
+        let h = Arc::clone(inner);
+        let cpu = (!h.cfg.handler_cpus.is_empty()).then(|| h.cfg.handler_cpus[i % h.cfg.handler_cpus.len()]);
+        threads.push(spawn(
+            format!("zmem-handler-{i}"),
+            Box::new(move || {
+                if let Some(init) = h.cfg.handler_init {
+                    init();
+                }
+                h.handler_main(cpu);
+            }),
+        )?);
+    }
+    let r = Arc::clone(inner);
+    threads.push(spawn("zmem-reclaim".into(), Box::new(move || r.reclaim_main(staging)))?);
+    inner.threads_started.store(threads.len(), Ordering::Release);
+    Ok(threads)
 }
