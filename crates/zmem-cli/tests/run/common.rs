@@ -424,3 +424,24 @@ pub(crate) fn tree_rss_anon(root: u32) -> u64 {
     }
     total
 }
+
+/// Waits for `child` (a `zmem run`) and its output, sampling the
+/// anonymous memory of its whole tree ([`tree_rss_anon`]) every `every`
+/// meanwhile, for `secs` at most; the output and the peak sampled.
+pub(crate) fn output_with_rss_peak(child: std::process::Child, every: Duration, secs: u64) -> (Output, u64) {
+    let root = child.id();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0;
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Path::new(&format!("/proc/{root}")).exists() && Instant::now() < deadline {
+            if std::fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|s| s.contains(") Z")) {
+                break;
+            }
+            peak = peak.max(tree_rss_anon(root));
+            std::thread::sleep(every);
+        }
+        peak
+    });
+    let o = child.wait_with_output().unwrap();
+    (o, sampler.join().unwrap())
+}

@@ -1,7 +1,6 @@
 //! Process trees: fork, vfork, daemons, exec with environments of the
 //! program's making, and one limit shared by the whole tree.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -358,21 +357,7 @@ fn stress_ng_vm_workers_share_one_limit_for_the_whole_tree() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("stress-ng (Debian's; .ci/run installs it)");
-    let root = child.id();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Path::new(&format!("/proc/{root}")).exists() && Instant::now() < deadline {
-            if std::fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|s| s.contains(") Z")) {
-                break;
-            }
-            peak = peak.max(tree_rss_anon(root));
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        peak
-    });
-    let o = child.wait_with_output().unwrap();
-    let rss_peak = sampler.join().unwrap();
+    let (o, rss_peak) = output_with_rss_peak(child, Duration::from_millis(20), 120);
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("successful run completed"), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");

@@ -2,9 +2,8 @@
 //! start point runs with no pager, and one that crosses it is managed from
 //! there on, alone or among many others of its tree.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -112,21 +111,7 @@ fn a_tree_of_many_short_processes_holds_its_limit() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let root = child.id();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0;
-        let deadline = Instant::now() + Duration::from_secs(240);
-        while Path::new(&format!("/proc/{root}")).exists() && Instant::now() < deadline {
-            if std::fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|s| s.contains(") Z")) {
-                break;
-            }
-            peak = peak.max(tree_rss_anon(root));
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        peak
-    });
-    let o = child.wait_with_output().unwrap();
-    let rss_peak = sampler.join().unwrap();
+    let (o, rss_peak) = output_with_rss_peak(child, Duration::from_millis(10), 240);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out.contains("done") && !out.contains("FAILED"), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");
