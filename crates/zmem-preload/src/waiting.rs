@@ -50,9 +50,6 @@ use zmem_uffd::tree::{Member, Tree};
 
 /// A process waiting to start its pager.
 pub(crate) struct Waiting {
-    /// The waiting process: a vfork child, which shares its memory (this
-    /// state too), acts on none of it.
-    pid: u32,
     settings: Settings,
     /// Its slot in the tree; `None` outside one (or where its segment
     /// could not be joined: the limit is then the process's own).
@@ -69,10 +66,9 @@ pub(crate) struct Waiting {
     inherited: Option<(usize, u32)>,
     /// `PagerConfig::share_floor` under these settings.
     floor: usize,
-    /// When it last swept the tree's slots of processes gone.
-    swept_at: Instant,
-    /// When what was mapped and not filled last faded.
-    faded_at: Instant,
+    /// When it last did its once-a-second chores: the tree's slots of
+    /// processes gone swept, and what was mapped and not filled faded.
+    second_at: Instant,
 }
 
 /// What the last look saw.
@@ -109,10 +105,9 @@ const FILL_BYTES_PER_MS: usize = 8 << 20;
 const LOOK_MIN: Duration = Duration::from_millis(1);
 const LOOK_MAX: Duration = Duration::from_millis(100);
 /// How often a waiting process frees the tree's slots of processes gone
-/// (a pager's reclaim thread does it too).
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How often what was mapped and not filled fades by half.
-const FADE_EVERY: Duration = Duration::from_secs(1);
+/// (a pager's reclaim thread does it too) and what it mapped and did not
+/// fill fades by half.
+const EVERY_SECOND: Duration = Duration::from_secs(1);
 
 /// Whether a process under `settings` waits rather than starts.
 pub(crate) fn wants_to_wait(settings: &Settings) -> bool {
@@ -138,16 +133,7 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
     let floor = settings.share_floor();
     let (dir, interval) = (settings.stats_dir.clone(), settings.stats_interval);
     let mut g = WAITING.lock_ok();
-    *g = Some(Waiting {
-        pid: std::process::id(),
-        settings,
-        member,
-        last: Look::default(),
-        inherited: None,
-        floor,
-        swept_at: Instant::now(),
-        faded_at: Instant::now(),
-    });
+    *g = Some(Waiting { settings, member, last: Look::default(), inherited: None, floor, second_at: Instant::now() });
     WAITING_PID.store(std::process::id(), Ordering::Release);
     drop(g);
     if let Some(parent) = parent {
@@ -226,7 +212,7 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     // together went ~25 MiB further past the point. Then the tree's
     // count now, not the room the last look left.
     let crossed = match WAITING.try_lock() {
-        Ok(g) => match g.as_ref().filter(|w| w.is_mine()).and_then(|w| Some((w, w.member.as_ref()?))) {
+        Ok(g) => match g.as_ref().filter(|_| is_waiting()).and_then(|w| Some((w, w.member.as_ref()?))) {
             Some((w, m)) => {
                 m.publish_mapped(w.last.usage.saturating_add(seen));
                 m.tree().committed() as usize >= w.last.at
@@ -288,9 +274,10 @@ fn look() -> Option<Duration> {
     // a reservation) fades, by half each second.
     let grew = anon.saturating_sub(w.last.anon);
     let mut pending = (w.last.pending + SEEN.swap(0, Ordering::Relaxed)).saturating_sub(grew);
-    if w.faded_at.elapsed() >= FADE_EVERY {
+    let second = w.second_at.elapsed() >= EVERY_SECOND;
+    if second {
+        w.second_at = Instant::now();
         pending /= 2;
-        w.faded_at = Instant::now();
     }
     let usage = anon.saturating_add(pending);
     let (limit, total) = match &w.member {
@@ -310,9 +297,8 @@ fn look() -> Option<Duration> {
     }
     ROOM.store(at - total, Ordering::Relaxed);
     LOOKS.fetch_add(1, Ordering::Release);
-    if let Some(m) = w.member.as_ref().filter(|_| w.swept_at.elapsed() >= SWEEP_EVERY) {
+    if let Some(m) = w.member.as_ref().filter(|_| second) {
         m.tree().sweep();
-        w.swept_at = Instant::now();
     }
     let ms = (at - total) / FILL_BYTES_PER_MS;
     Some(Duration::from_millis(ms as u64).clamp(LOOK_MIN, LOOK_MAX))
@@ -333,14 +319,8 @@ fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
 /// should).
 pub(crate) fn start_now() {
     let mut g = WAITING.lock_ok();
-    if g.as_ref().is_some_and(Waiting::is_mine) {
+    if g.is_some() && is_waiting() {
         start_locked(&mut g);
-    }
-}
-
-impl Waiting {
-    fn is_mine(&self) -> bool {
-        self.pid == std::process::id()
     }
 }
 
@@ -361,13 +341,13 @@ fn take(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
 /// starts, and the tree, as of the last look; `None` if it does not wait.
 pub(crate) fn stats_json(mem: crate::stats::ProcMem) -> Option<String> {
     let g = WAITING.lock_ok();
-    let w = g.as_ref().filter(|w| w.is_mine())?;
+    let w = g.as_ref().filter(|_| is_waiting())?;
     let tree = w
         .member
         .as_ref()
         .map_or(serde_json::Value::Null, |m| crate::stats::tree_json(m.tree(), w.settings.tree.as_deref()));
     let json = serde_json::json!({
-        "pid": w.pid,
+        "pid": std::process::id(),
         "state": "waiting",
         "footprint": {
             "rss_bytes": mem.rss,
@@ -462,7 +442,7 @@ pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>
 /// leaked, as the process ends.
 pub(crate) fn leave_at_exit() {
     if let Ok(mut g) = WAITING.try_lock() {
-        if let Some(w) = g.as_ref().is_some_and(Waiting::is_mine).then(|| take(&mut g)).flatten() {
+        if let Some(w) = is_waiting().then(|| take(&mut g)).flatten() {
             let w = std::mem::ManuallyDrop::new(w);
             if let Some(m) = &w.member {
                 m.give_back();
