@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_compress::CodecSpec;
+use zmem_common::PAGE_SIZE;
 
 fuzz_target!(|data: &[u8]| {
     let mut c = "deflate".parse::<CodecSpec>().expect("codec name").build();

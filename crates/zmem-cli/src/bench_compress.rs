@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
 use zmem_compress::{
-    Batch, BatchCompressor, CodecSpec, CompressError, Engines, EnginesConfig, Op, Sequential, Ticket, WqMode, PAGE_SIZE,
+    Batch, BatchCompressor, CodecSpec, CompressError, Engines, EnginesConfig, Op, Sequential, Ticket, WqMode,
 };
 
 #[derive(Debug, clap::Args)]

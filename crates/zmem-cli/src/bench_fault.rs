@@ -22,8 +22,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::PAGE_SIZE;
 use zmem_tier::TierConfig;
 use zmem_uffd::{Pager, PagerConfig, Region};
 

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::codec::{CodecSpec, Compressor};
 use zmem_compress::corpus::Corpus;
-use zmem_compress::PAGE_SIZE;
 use zmem_uffd::{Event, Features, Mapping, OpenMode, RegisterMode, Uffd};
 
 #[derive(Debug, clap::Args)]

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
 use zmem_compress::inject::FailEvery;
 use zmem_compress::{CodecSpec, Sequential};
 use zmem_tier::TierConfig;
-use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig, Region};
 
 #[derive(Debug, clap::Args)]

@@ -25,8 +25,9 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
 use serde::Serialize;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{BatchCompressor, CodecSpec, Engines, EnginesConfig, PAGE_SIZE};
+use zmem_compress::{BatchCompressor, CodecSpec, Engines, EnginesConfig};
 use zmem_swapfile::SwapFileConfig;
 use zmem_tier::{LoadOutcome, StoreOutcome, StoreRequest, Tier, TierConfig};
 

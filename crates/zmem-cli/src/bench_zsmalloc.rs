@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{CompressError, PAGE_SIZE};
+use zmem_compress::CompressError;
 use zmem_zsmalloc::{Handle, Mempool, MempoolConfig, ZsPool, ZsPoolConfig};
 
 #[derive(Debug, clap::Args)]

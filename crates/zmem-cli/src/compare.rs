@@ -64,7 +64,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use zmem_common::kb_field;
+use zmem_common::procfs::kb_field;
 
 use crate::usemem::kernel::{debugfs_zswap, vmstat, KernelSetup};
 
@@ -391,7 +391,7 @@ fn tree_members(root: u32) -> Vec<u32> {
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        let Some(ppid) = zmem_common::stat_field(&stat, 4).and_then(|p| p.parse().ok()) else { continue };
+        let Some(ppid) = zmem_common::procfs::stat_field(&stat, 4).and_then(|p| p.parse().ok()) else { continue };
         parent.insert(pid, ppid);
     }
     let in_tree = |mut p: u32| {

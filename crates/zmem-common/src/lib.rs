@@ -1,38 +1,20 @@
-//! What every zmem crate shares: the page size, the one table of defaults,
-//! and poison-tolerant locking.
-// No unsafe code but the signal mask of `thread` (a libc call), the
-// reading and locking of a thread's TLS vector in `tls`, and the raw
-// close, read and write of zmem's kept descriptors in `fds`.
+//! What every zmem crate shares: the page size (import it from here only),
+//! the one table of defaults, [`ConfigError`], poison-tolerant locking, the
+//! stderr logger, the `/proc` text readers ([`procfs`]), the stats files,
+//! and [`host`]: the rules that let zmem live inside a program's process.
+// No unsafe code but the signal mask of `host::thread` (a libc call), the
+// reading and locking of a thread's TLS vector in `host::tls`, and the raw
+// close, read and write of zmem's kept descriptors in `host::fds`.
 #![deny(unsafe_code)]
 
 use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-#[allow(unsafe_code)]
-pub mod fds;
-pub mod owned;
+pub mod host;
+pub mod procfs;
 pub mod stats_files;
-#[allow(unsafe_code)]
-pub mod thread;
-#[allow(unsafe_code)]
-pub mod tls;
 
 /// The size of one page of user memory (x86-64).
 pub const PAGE_SIZE: usize = 4096;
-
-/// The value of a `KEY: N kB` line of a `/proc` file (`/proc/PID/status`,
-/// a `smaps_rollup`), in bytes; `None` if there is no such line. `key`
-/// ends with its colon, so that `Pss:` is not taken for `Pss_Anon:`.
-pub fn kb_field(t: &str, key: &str) -> Option<u64> {
-    let v = t.lines().find_map(|l| l.strip_prefix(key))?;
-    Some(v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? << 10)
-}
-
-/// Field `n` (from 1, as proc(5) numbers them) of a `/proc/PID/stat` line.
-/// The name (field 2) is in parentheses and may hold anything, spaces and
-/// parentheses included: fields from 3 on are counted after the last `)`.
-pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
-    stat[stat.rfind(')')? + 1..].split_whitespace().nth(n.checked_sub(3)?)
-}
 
 /// The defaults, in one place: the library configs, `zmem run`'s settings
 /// and the CLI's flags all take them from here.
@@ -211,24 +193,5 @@ mod tests {
         let rw = RwLock::new(5);
         *rw.write_ok() += 1;
         assert_eq!(*rw.read_ok(), 6);
-    }
-
-    #[test]
-    fn a_stat_field_is_counted_after_the_name_whatever_it_holds() {
-        let t = "42 (a) b (c) 7) S 1 42 42 0 -1";
-        assert_eq!(stat_field(t, 3), Some("S"));
-        assert_eq!(stat_field(t, 4), Some("1"));
-        assert_eq!(stat_field(t, 8), Some("-1"));
-        assert_eq!(stat_field(t, 9), None);
-        assert_eq!(stat_field(t, 2), None);
-    }
-
-    #[test]
-    fn a_kb_line_reads_as_bytes_and_only_under_its_own_key() {
-        let t = "Name:\tjava\nVmRSS:\t  2048 kB\nRssShmem:\t 512 kB\nPss_Anon: 3 kB\n";
-        assert_eq!(kb_field(t, "VmRSS:"), Some(2 << 20));
-        assert_eq!(kb_field(t, "RssShmem:"), Some(512 << 10));
-        assert_eq!(kb_field(t, "Pss:"), None, "Pss_Anon is not Pss");
-        assert_eq!(kb_field(t, "Name:"), None, "not a kB line");
     }
 }

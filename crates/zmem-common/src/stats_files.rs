@@ -61,7 +61,7 @@ pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&tmp);
     // Kept (`fds`): the program may close every descriptor meanwhile.
     let busy = std::io::ErrorKind::WouldBlock.into();
-    let mut f = crate::fds::open_kept(crate::fds::Wait::Yes, busy, || {
+    let mut f = crate::host::fds::open_kept(crate::host::fds::Wait::Yes, busy, || {
         OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map(std::os::fd::OwnedFd::from)
     })?;
     let r = std::io::Write::write_all(&mut f, json.as_bytes());
@@ -79,7 +79,9 @@ pub fn write(dir: &Path, pid: u32, json: &str) -> std::io::Result<()> {
 /// The effective uid of process `pid` (the `Uid:` line of its status):
 /// whose default stats directory it writes to.
 pub fn effective_uid(pid: u32) -> Option<u32> {
-    let status = crate::fds::read_to_string(crate::fds::Wait::Yes, Path::new(&format!("/proc/{pid}/status"))).ok()?;
+    let status =
+        crate::host::fds::read_to_string(crate::host::fds::Wait::Yes, Path::new(&format!("/proc/{pid}/status")))
+            .ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -90,7 +92,7 @@ pub fn effective_uid(pid: u32) -> Option<u32> {
 pub fn sweep(dir: &Path, keep: u32) -> usize {
     // Listed through a kept descriptor: the stats thread sweeps while the
     // program runs, and may close every descriptor.
-    let Ok(names) = crate::fds::dir_names(crate::fds::Wait::Yes, dir) else { return 0 };
+    let Ok(names) = crate::host::fds::dir_names(crate::host::fds::Wait::Yes, dir) else { return 0 };
     let mut gone = 0;
     for name in names {
         let Some(pid) = name.to_str().and_then(owner) else { continue };

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use zmem_common::LockExt;
 
 use crate::codec::{CodecSpec, Compressor};
-use crate::engines::Inflight;
 use crate::{CompressError, DecompressError, Error};
 use zmem_common::ConfigError;
 
@@ -153,27 +152,29 @@ pub struct Ticket {
 pub(crate) enum TicketInner {
     /// Completed at submit time (the sequential adapter).
     Ready(Batch),
-    /// Running on engines.
-    Inflight(Arc<Inflight>),
-    /// Running on a device outside this crate (a hardware backend).
+    /// Running on a device: the engines, or a hardware backend.
     Pending(Box<dyn PendingBatch>),
 }
 
-/// A batch that a device outside this crate has started: how a hardware
-/// backend (a GPU through nvCOMP, say) hands its work to the ticket API.
+/// A batch that a device has started: how the engines and a hardware backend
+/// (a GPU through nvCOMP, say) hand their work to the ticket API.
 ///
-/// All of a pending batch's items were started at submit time, so whoever
-/// waits on it, its own device or another, gets every item's real result.
-pub trait PendingBatch: Send + std::fmt::Debug {
+/// The device that issued the ticket drives it with its own `poll` and
+/// `wait` (it finds its own type again by `Any`); these two methods serve any
+/// other waiter.
+pub trait PendingBatch: std::any::Any + Send + std::fmt::Debug {
     /// Whether the device has finished. Never blocks.
     fn is_done(&self) -> bool;
-    /// Blocks until the device has finished and hands the batch back with a
-    /// result in each item.
+    /// Blocks until every item the device started has finished and hands the
+    /// batch back. A device that starts every item at submit time (a GPU)
+    /// gives every item its real result; one that may not have started an
+    /// item yet (the engines) returns it unrun, as
+    /// [`ItemError::ForeignTicket`], never run with another codec.
     fn finish(self: Box<Self>) -> Batch;
 }
 
 impl Ticket {
-    /// The ticket of a batch a device outside this crate runs.
+    /// The ticket of a batch a device runs.
     pub fn pending(batch: Box<dyn PendingBatch>) -> Ticket {
         Ticket { inner: TicketInner::Pending(batch) }
     }
@@ -189,7 +190,6 @@ impl Ticket {
     pub fn is_done(&self) -> bool {
         match &self.inner {
             TicketInner::Ready(_) => true,
-            TicketInner::Inflight(inf) => inf.done(),
             TicketInner::Pending(p) => p.is_done(),
         }
     }
@@ -201,7 +201,6 @@ impl Ticket {
     pub fn finish_foreign(self) -> Batch {
         match self.inner {
             TicketInner::Ready(b) => b,
-            TicketInner::Inflight(inf) => inf.abandon(),
             TicketInner::Pending(p) => p.finish(),
         }
     }

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use thiserror::Error;
 
-use crate::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 static SAMPLE_ZST: &[u8] = include_bytes!("../../../data/corpus-sample.bin.zst");
 

@@ -25,6 +25,3 @@ pub use batch::{Batch, BatchCompressor, BatchItem, Factory, ItemError, Op, Pendi
 pub use codec::{CodecKind, CodecSpec, Compressor};
 pub use engines::{EngineStats, Engines, EnginesConfig, WqMode};
 pub use error::{CompressError, DecompressError, Error};
-
-/// The size of one page of user memory.
-pub use zmem_common::PAGE_SIZE;

@@ -18,8 +18,8 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::batch::MAX_BATCH_SIZE;
-use zmem_compress::PAGE_SIZE;
 
 use crate::sys::{self, Cuda, DevPtr, Lib, Nvcomp, Stream};
 use crate::NvcompError;

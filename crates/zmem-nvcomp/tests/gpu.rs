@@ -11,8 +11,9 @@
 
 use std::sync::Arc;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{Batch, BatchCompressor, CodecSpec, CompressError, DecompressError, Op, Sequential, PAGE_SIZE};
+use zmem_compress::{Batch, BatchCompressor, CodecSpec, CompressError, DecompressError, Op, Sequential};
 use zmem_nvcomp::{NvcompConfig, NvcompLz4, Placement};
 use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, StoreRequest, Tier, TierConfig};
 

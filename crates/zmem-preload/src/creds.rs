@@ -59,8 +59,8 @@ fn diverged() -> bool {
     // Listed by zmem itself, not read from `/proc/self/task`: a program
     // that changed its root has no `/proc`, and zmem's threads kept
     // their capabilities when it gave up its own.
-    let mut zmem = [0; zmem_common::thread::LISTED];
-    let n = zmem_common::thread::ours(&mut zmem);
+    let mut zmem = [0; zmem_common::host::thread::LISTED];
+    let n = zmem_common::host::thread::ours(&mut zmem);
     zmem[..n].iter().any(|&tid| caps(tid).is_some_and(|theirs| theirs != mine))
 }
 

@@ -241,7 +241,7 @@ struct Spill {
 
 impl Spill {
     fn new(len: usize) -> Option<Spill> {
-        let len = len.next_multiple_of(crate::PAGE);
+        let len = len.next_multiple_of(zmem_common::PAGE_SIZE);
         // SAFETY: a fresh anonymous mapping at an address the kernel picks.
         let p = unsafe {
             libc::syscall(

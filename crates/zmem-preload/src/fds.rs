@@ -1,5 +1,5 @@
 //! `close`, `close_range` and `closefrom`: the program's, except on the
-//! descriptors zmem keeps (`zmem_common::fds`: the pager's userfaultfd,
+//! descriptors zmem keeps (`zmem_common::host::fds`: the pager's userfaultfd,
 //! swap file and readers), which it never opened. A daemon's `closefrom(3)`
 //! or Python's `os.closerange(3, N)` closed them under the pager, and
 //! Python crashed at once; the numbers would then have gone to the
@@ -10,7 +10,7 @@
 
 use std::ffi::{c_int, c_uint};
 
-use zmem_common::fds;
+use zmem_common::host::fds;
 
 use crate::errno::set_errno;
 
@@ -32,7 +32,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// `dup2` closes `new` first, as `close` does: it waits for zmem's
 /// sections in the same way, so that it never lands between a zmem
 /// thread's open and the move of what it opened off a standard stream's
-/// number (`zmem_common::fds`). The program's own numbers are its own: a
+/// number (`zmem_common::host::fds`). The program's own numbers are its own: a
 /// kept descriptor is never among 0, 1 and 2.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {

@@ -16,7 +16,7 @@ use crate::init::{current, install, start, Table, CHILD, CURRENT, LOCKED_ALL, RE
 struct ForkGuards {
     waiting: std::sync::MutexGuard<'static, Option<crate::waiting::Waiting>>,
     table: RwLockWriteGuard<'static, Table>,
-    owned: zmem_common::owned::ForkGuard,
+    owned: zmem_common::host::owned::ForkGuard,
 }
 
 thread_local! {
@@ -41,7 +41,7 @@ pub(crate) extern "C" fn before_fork() {
         if let Some(s) = current() {
             s.pager.fork_prepare();
         }
-        let owned = zmem_common::owned::fork_lock();
+        let owned = zmem_common::host::owned::fork_lock();
         FORK_GUARDS.with(|f| *f.borrow_mut() = Some(ForkGuards { waiting, table, owned }));
         // Last: nothing above may allocate once it is held.
         crate::heap::fork_lock();
@@ -69,7 +69,7 @@ pub(crate) extern "C" fn after_fork_in_child() {
     LOCKED_ALL.store(false, Ordering::Relaxed);
     // The parent's other threads' descriptor sections and closes are not
     // in the child: before anything here closes a descriptor.
-    zmem_common::fds::reset_in_child();
+    zmem_common::host::fds::reset_in_child();
     crate::stats::after_fork_in_child();
     // SAFETY: this thread is the child's only one. First: the new pager's
     // handler takes its allocations there.
@@ -97,7 +97,7 @@ pub(crate) extern "C" fn after_fork_in_child() {
                     // The region's drop would reach the parent's pager.
                     std::mem::forget(r);
                     // No longer zmem's: the child's pager may adopt it.
-                    zmem_common::owned::remove(start as u64);
+                    zmem_common::host::owned::remove(start as u64);
                     inherited.push((start, m.cap));
                 }
             }

@@ -24,7 +24,7 @@ pub fn mark_internal_thread() {
 /// already manages stays served.
 ///
 /// On a program's thread, `f` runs with the asynchronous signals blocked
-/// (`zmem_common::thread::block_async_signals`): no handler of the
+/// (`zmem_common::host::thread::block_async_signals`): no handler of the
 /// program's runs inside the shim. One that did could wait for good: a
 /// fault there on evicted memory waits for the pager's handler thread, which
 /// may need a lock the interrupted shim code holds (the pager's region
@@ -33,7 +33,7 @@ pub fn mark_internal_thread() {
 /// as `f` returns. zmem's own threads block them for good.
 pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
     let was = crate::flags::replace_in_zmem(true);
-    let blocked = (!was).then(zmem_common::thread::block_async_signals);
+    let blocked = (!was).then(zmem_common::host::thread::block_async_signals);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     crate::flags::replace_in_zmem(was);
     drop(blocked);

@@ -6,7 +6,7 @@
 //! holding a handler thread's data could be adopted and evicted, and the
 //! handler would then fault on memory only it can serve. This heap is
 //! dlmalloc over arenas of its own (`PROT_NONE` mappings, recorded as
-//! zmem's, `zmem_common::owned::add_heap`, before they are committed with
+//! zmem's, `zmem_common::host::owned::add_heap`, before they are committed with
 //! `mprotect` as the heap grows; never given back), each as large as all
 //! before it, so the address space the heap holds stays within twice what
 //! it uses. (One 128 GiB reservation, made up front, counted against
@@ -42,7 +42,7 @@ const FIRST_MAIN: usize = 16 << 20;
 const FIRST_SIDE: usize = 4 << 20;
 
 /// This generation of the side heap (a forked child starts the next one).
-/// Its arenas are tagged `SIDE_GEN + 1` (`zmem_common::owned::heap_tag`);
+/// Its arenas are tagged `SIDE_GEN + 1` (`zmem_common::host::owned::heap_tag`);
 /// the main heap's, 0; those of an ancestor's side heap, anything else.
 static SIDE_GEN: AtomicU64 = AtomicU64::new(0);
 
@@ -79,7 +79,7 @@ fn map_arena(len: usize, tag: u64) -> Option<usize> {
     if p < 0 {
         return None;
     }
-    if !zmem_common::owned::add_heap(p as u64, len, tag) {
+    if !zmem_common::host::owned::add_heap(p as u64, len, tag) {
         // SAFETY: p is the mapping just made, which nothing uses.
         unsafe { libc::syscall(libc::SYS_munmap, p, len) };
         return None;
@@ -219,7 +219,7 @@ enum Owner {
 }
 
 fn owner(p: *const c_void) -> Owner {
-    match zmem_common::owned::heap_tag(p as u64) {
+    match zmem_common::host::owned::heap_tag(p as u64) {
         None => Owner::None,
         Some(0) => Owner::Main,
         Some(t) if t == SIDE_GEN.load(Ordering::Relaxed) + 1 => Owner::Side,

@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_void};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock};
-use zmem_common::fds::Wait;
+use zmem_common::host::fds::Wait;
 use zmem_common::RwLockExt;
 
 use zmem_settings::Settings;
@@ -261,7 +261,7 @@ fn first_in_tree(settings: &Settings, w: Warning) -> bool {
 /// (`/proc/self/comm`) and its pid.
 /// Without `/proc` (a new root), the calling thread's name.
 pub(crate) fn program() -> String {
-    let comm = zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_else(|_| {
+    let comm = zmem_common::host::fds::read_to_string(Wait::Yes, Path::new("/proc/self/comm")).unwrap_or_else(|_| {
         let mut name = [0u8; 16];
         // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into
         // the buffer it is given, which is ours and 16 bytes long.
@@ -478,20 +478,20 @@ pub(crate) static LOCKED_ALL: AtomicBool = AtomicBool::new(false);
 
 /// The program locked `[addr, addr + len)`: never adopted.
 pub(crate) fn locked(addr: usize, len: usize) {
-    let start = addr & !(crate::PAGE - 1);
-    let end = (addr + len).div_ceil(crate::PAGE) * crate::PAGE;
-    guarded(|| zmem_common::owned::add(start as u64, end - start, zmem_common::owned::Kind::Locked));
+    let start = addr & !(zmem_common::PAGE_SIZE - 1);
+    let end = (addr + len).div_ceil(zmem_common::PAGE_SIZE) * zmem_common::PAGE_SIZE;
+    guarded(|| zmem_common::host::owned::add(start as u64, end - start, zmem_common::host::owned::Kind::Locked));
 }
 
 /// The program unlocked what it locked at `addr`.
 pub(crate) fn unlocked(addr: usize) {
-    let start = addr & !(crate::PAGE - 1);
+    let start = addr & !(zmem_common::PAGE_SIZE - 1);
     guarded(|| {
-        if zmem_common::owned::overlapping(start as u64, start as u64 + 1)
+        if zmem_common::host::owned::overlapping(start as u64, start as u64 + 1)
             .iter()
-            .any(|&(s, _, k)| s == start as u64 && k == zmem_common::owned::Kind::Locked)
+            .any(|&(s, _, k)| s == start as u64 && k == zmem_common::host::owned::Kind::Locked)
         {
-            zmem_common::owned::remove(start as u64);
+            zmem_common::host::owned::remove(start as u64);
         }
     });
 }

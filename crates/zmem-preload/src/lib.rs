@@ -101,5 +101,3 @@ pub use guard::mark_internal_thread;
 
 #[global_allocator]
 static HEAP: heap::ZmemHeap = heap::ZmemHeap;
-
-const PAGE: usize = zmem_common::PAGE_SIZE;

@@ -12,7 +12,7 @@ use crate::guard::guarded;
 use crate::heap;
 use crate::init::{adopts_chunks, current, lookup, managed_alloc, managed_free, threshold, wants_malloc, REGIONS};
 use crate::next::{self, allocator, Allocator};
-use crate::PAGE;
+use zmem_common::PAGE_SIZE;
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut c_void;
@@ -76,7 +76,7 @@ fn adopt_chunk(p: *mut c_void, size: usize) {
     // An mmapped chunk starts prev_size into its mapping (memalign's lead).
     let chunk = p as usize - 2 * std::mem::size_of::<usize>();
     let (start, len) = (chunk - prev, (head & !7) + prev);
-    if start % PAGE != 0 {
+    if start % PAGE_SIZE != 0 {
         return;
     }
     if let Some(s) = current() {
@@ -113,7 +113,8 @@ fn adopt_brk_growth() {
     let fs = s.settings.folio;
     let seen = BRK_ADOPTED.load(Ordering::Relaxed);
     if seen == 0 || cur < seen {
-        let _ = BRK_ADOPTED.compare_exchange(seen, cur.next_multiple_of(PAGE), Ordering::Relaxed, Ordering::Relaxed);
+        let _ =
+            BRK_ADOPTED.compare_exchange(seen, cur.next_multiple_of(PAGE_SIZE), Ordering::Relaxed, Ordering::Relaxed);
         return;
     }
     let grown = (cur - seen) / fs * fs;
@@ -167,7 +168,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return unsafe { next::free(p) };
     }
     let a = p as usize;
-    if a % PAGE == 0 && a != 0 {
+    if a % PAGE_SIZE == 0 && a != 0 {
         if let Some((start, _, _)) = lookup(a) {
             if start == a {
                 managed_free(start);
@@ -204,7 +205,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return unsafe { next::realloc(p, size) };
     }
     let a = p as usize;
-    let ours = if a % PAGE == 0 { lookup(a).filter(|&(s, _, _)| s == a) } else { None };
+    let ours = if a % PAGE_SIZE == 0 { lookup(a).filter(|&(s, _, _)| s == a) } else { None };
     if let Some((start, cap, len)) = ours {
         if size <= cap && size >= threshold() / 2 {
             // Fits: keep it (a shrink leaves the tail mapped).
@@ -292,7 +293,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    aligned(PAGE, size)
+    aligned(PAGE_SIZE, size)
 }
 
 pub(crate) type UsableSize = unsafe extern "C" fn(*mut c_void) -> usize;

@@ -34,7 +34,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, IntoRawFd};
 
 use rustix::fs::{MemfdFlags, Mode, OFlags};
-use zmem_common::fds::{open_kept, Wait};
+use zmem_common::host::fds::{open_kept, Wait};
 
 use crate::guard::{guarded, in_zmem};
 
@@ -95,7 +95,7 @@ unsafe fn shown_fd(path: *const c_char, flags: c_int) -> Option<c_int> {
 fn shown_copy(limit: u64, free: u64, cloexec: bool) -> Option<c_int> {
     let mut real = [0u8; ROOM];
     let n = {
-        // zmem's own descriptors, kept (`zmem_common::fds`): another
+        // zmem's own descriptors, kept (`zmem_common::host::fds`): another
         // thread of the program may be closing every descriptor.
         let open = || rustix::fs::open(MEMINFO, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty());
         let fd = open_kept(Wait::Yes, rustix::io::Errno::AGAIN, open).ok()?;

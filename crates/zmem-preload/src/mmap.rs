@@ -7,7 +7,7 @@ use zmem_common::RwLockExt;
 use crate::errno::set_errno;
 use crate::guard::guarded;
 use crate::init::{current, lookup, managed_alloc, managed_free, wants, REGIONS};
-use crate::PAGE;
+use zmem_common::PAGE_SIZE;
 
 pub(crate) fn raw_mmap(
     addr: *mut c_void,
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn mmap(
 
     if flags & libc::MAP_LOCKED != 0 {
         // Recorded before a scan can see it.
-        let _recording = guarded(zmem_common::owned::spawn_lock);
+        let _recording = guarded(zmem_common::host::owned::spawn_lock);
         let p = raw_mmap(addr, len, prot, flags, fd, off);
         if p != libc::MAP_FAILED {
             crate::init::locked(p as usize, len);
@@ -95,7 +95,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         }
         // Part of it: drop the pages (the pager frees their entries) and
         // fence the range; the addresses return with the whole mapping.
-        let (pa, plen) = (a & !(PAGE - 1), end.saturating_sub(a & !(PAGE - 1)).div_ceil(PAGE) * PAGE);
+        let (pa, plen) =
+            (a & !(PAGE_SIZE - 1), end.saturating_sub(a & !(PAGE_SIZE - 1)).div_ceil(PAGE_SIZE) * PAGE_SIZE);
         // SAFETY: [pa, pa + plen) lies in our managed mapping, which the
         // program gave up: dropping and fencing it is what munmap promises.
         unsafe {

@@ -173,7 +173,7 @@ fn let_go(old: &'static Shim) -> Vec<(usize, usize)> {
                 // Given back, plain memory now: a region's drop would
                 // unmap it through the pager let go of.
                 std::mem::forget(r);
-                zmem_common::owned::remove(start as u64);
+                zmem_common::host::owned::remove(start as u64);
                 inherited.push((start, m.cap));
             }
         }

@@ -197,7 +197,8 @@ unsafe fn raw(n: c_long, a: [c_long; 6]) -> c_long {
 /// program at the probe's own `clone`.
 pub(crate) fn filter_kills_zmem() -> Option<c_int> {
     let status =
-        zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/status".as_ref()).ok()?;
+        zmem_common::host::fds::read_to_string(zmem_common::host::fds::Wait::Yes, "/proc/thread-self/status".as_ref())
+            .ok()?;
     let mode = status.lines().find_map(|l| l.strip_prefix("Seccomp:"))?.trim();
     if mode != "2" {
         return None;
@@ -240,7 +241,7 @@ pub(crate) fn filter_kills_zmem() -> Option<c_int> {
 #[cfg(target_arch = "x86_64")]
 fn probe() {
     use linux_raw_sys::ioctl as nr;
-    const PAGE: c_long = 4096;
+    const PAGE: c_long = zmem_common::PAGE_SIZE as c_long;
     let page = [0u8; PAGE as usize];
     let mut buf = [0u64; 16];
     // Taken afresh for each call, after the writes that fill it.
@@ -396,14 +397,14 @@ fn probe() {}
 pub(crate) fn program_gone() -> Option<u32> {
     let me = std::process::id();
     let stat = crate::tasks::self_stat()?;
-    if zmem_common::stat_field(&stat, 3) != Some("Z") {
+    if zmem_common::procfs::stat_field(&stat, 3) != Some("Z") {
         return None;
     }
     // The main thread is the zombie, its tid the pid.
     if crate::tasks::others_than_zmem(me as i32) {
         return None;
     }
-    zmem_common::stat_field(&stat, 52)?.parse().ok()
+    zmem_common::procfs::stat_field(&stat, 52)?.parse().ok()
 }
 
 /// Ends this process with the wait status `status` that its program left

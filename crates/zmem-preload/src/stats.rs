@@ -47,7 +47,7 @@ const LAST_WRITE_WAIT: Duration = Duration::from_millis(100);
 pub(crate) fn start_thread(named: Option<PathBuf>, interval: Duration) -> std::io::Result<()> {
     STOP.store(false, Ordering::SeqCst);
     NAMED.store(named.is_some(), Ordering::SeqCst);
-    let t = zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
+    let t = zmem_common::host::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
         crate::guard::mark_internal_thread();
         STATS_TID.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::SeqCst);
         stats_main(named.as_deref(), interval);
@@ -135,8 +135,8 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         if last {
             LAST_WRITTEN.store(true, Ordering::SeqCst);
         }
-        // Before it sleeps (`zmem_common::tls`).
-        zmem_common::tls::keep_resident();
+        // Before it sleeps (`zmem_common::host::tls`).
+        zmem_common::host::tls::keep_resident();
         let until_due = due.saturating_duration_since(Instant::now());
         let wait = if writes { until_due.min(WATCH) } else { WATCH };
         std::thread::park_timeout(look.map_or(wait, |l| l.min(wait)));
@@ -398,9 +398,12 @@ pub(crate) struct ProcMem {
 
 impl ProcMem {
     pub(crate) fn now() -> ProcMem {
-        let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/status".as_ref())
-            .unwrap_or_default();
-        let kb = |key| zmem_common::kb_field(&t, key).unwrap_or(0);
+        let t = zmem_common::host::fds::read_to_string(
+            zmem_common::host::fds::Wait::Yes,
+            "/proc/thread-self/status".as_ref(),
+        )
+        .unwrap_or_default();
+        let kb = |key| zmem_common::procfs::kb_field(&t, key).unwrap_or(0);
         ProcMem { rss: kb("VmRSS:"), shmem: kb("RssShmem:") }
     }
 }

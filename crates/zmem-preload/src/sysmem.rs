@@ -61,7 +61,7 @@ fn real_sysconf(name: c_int) -> c_long {
 
 /// `pages` (the machine's own figure), at most `bytes`.
 fn clamp_pages(pages: c_long, bytes: u64) -> c_long {
-    let page = crate::PAGE as u64;
+    let page = zmem_common::PAGE_SIZE as u64;
     if pages < 0 {
         return pages;
     }
@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn a_figure_is_clamped_to_the_limit_and_never_raised() {
-        let page = crate::PAGE as u64;
+        let page = zmem_common::PAGE_SIZE as u64;
         assert_eq!(clamp_pages(1 << 20, 256 * page), 256);
         assert_eq!(clamp_pages(100, 256 * page), 100);
         assert_eq!(clamp_pages(-1, 256 * page), -1);

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use zmem_common::fds::Wait;
+use zmem_common::host::fds::Wait;
 
 /// Whether a thread other than `but` and zmem's (`zmem-*`, and the
 /// io_uring workers of its swap file) is in this process (or `/proc`
@@ -13,13 +13,13 @@ use zmem_common::fds::Wait;
 ///
 /// Without `/proc` (the program changed its root) it counts instead: the
 /// process's threads ([`self_stat`]) against zmem's running ones
-/// (`zmem_common::thread::ours`). Any other thread counts then, an
+/// (`zmem_common::host::thread::ours`). Any other thread counts then, an
 /// io_uring worker among them, until it ends on its own.
 pub(crate) fn others_than_zmem(but: i32) -> bool {
     match tasks() {
         Some(t) => t.iter().any(|(tid, comm)| *tid != but && !is_zmem(comm) && !comm.starts_with("iou-wrk-")),
         None => thread_count().is_none_or(|n| {
-            n > 1 + zmem_common::thread::ours(&mut [0; zmem_common::thread::LISTED]) + io_workers_alive()
+            n > 1 + zmem_common::host::thread::ours(&mut [0; zmem_common::host::thread::LISTED]) + io_workers_alive()
         }),
     }
 }
@@ -48,10 +48,10 @@ pub(crate) fn io_workers_alive() -> usize {
 /// Notes zmem's io_uring workers while `/proc` is there, after keeping
 /// new ones from starting.
 pub(crate) fn note_io_workers() {
-    zmem_common::thread::no_new_io_workers();
+    zmem_common::host::thread::no_new_io_workers();
     let me = std::process::id();
-    let mut zmem = [0; zmem_common::thread::LISTED];
-    let n = zmem_common::thread::ours(&mut zmem);
+    let mut zmem = [0; zmem_common::host::thread::LISTED];
+    let n = zmem_common::host::thread::ours(&mut zmem);
     let ours = |comm: &str| {
         comm.trim_end()
             .strip_prefix("iou-wrk-")
@@ -68,21 +68,21 @@ pub(crate) fn note_io_workers() {
 /// main thread's exit status), read by its path, or, once the program
 /// changed its root, through the descriptor [`leaving_root`](crate::modes::leaving_root) kept.
 pub(crate) fn self_stat() -> Option<String> {
-    match zmem_common::fds::read_to_string(Wait::Yes, Path::new("/proc/self/stat")) {
+    match zmem_common::host::fds::read_to_string(Wait::Yes, Path::new("/proc/self/stat")) {
         Ok(s) => Some(s),
         Err(_) => {
             let kept = SELF_STAT.load(Ordering::Acquire);
             if kept == 0 || (kept >> 32) as u32 != std::process::id() {
                 return None;
             }
-            zmem_common::fds::pread_to_string(kept as u32 as i32).ok()
+            zmem_common::host::fds::pread_to_string(kept as u32 as i32).ok()
         }
     }
 }
 
 /// The threads of this process now, by `/proc/self/stat` (field 20).
 pub(crate) fn thread_count() -> Option<usize> {
-    zmem_common::stat_field(&self_stat()?, 20)?.parse().ok()
+    zmem_common::procfs::stat_field(&self_stat()?, 20)?.parse().ok()
 }
 
 /// `/proc/self/stat` kept open by a process that changed its root
@@ -98,7 +98,7 @@ pub(crate) fn keep_self_stat() {
     if (SELF_STAT.load(Ordering::Acquire) >> 32) as u32 == me {
         return;
     }
-    match zmem_common::fds::open_for_good(Path::new("/proc/self/stat")) {
+    match zmem_common::host::fds::open_for_good(Path::new("/proc/self/stat")) {
         Ok(fd) => SELF_STAT.store(u64::from(me) << 32 | u64::from(fd as u32), Ordering::Release),
         Err(e) => log::debug!("/proc/self/stat: {e}"),
     }
@@ -107,10 +107,10 @@ pub(crate) fn keep_self_stat() {
 
 /// This process's threads now, (tid, name); `None` without `/proc`.
 pub(crate) fn tasks() -> Option<Vec<(i32, String)>> {
-    // Kept descriptors (`zmem_common::fds`): the program's other threads
+    // Kept descriptors (`zmem_common::host::fds`): the program's other threads
     // may be closing every descriptor meanwhile.
     let task = Path::new("/proc/self/task");
-    let names = zmem_common::fds::dir_names(Wait::Yes, task).ok()?;
+    let names = zmem_common::host::fds::dir_names(Wait::Yes, task).ok()?;
     Some(
         names
             .into_iter()
@@ -118,7 +118,7 @@ pub(crate) fn tasks() -> Option<Vec<(i32, String)>> {
                 let tid = t.to_str()?.parse().ok()?;
                 Some((
                     tid,
-                    zmem_common::fds::read_to_string(Wait::Yes, &task.join(&t).join("comm")).unwrap_or_default(),
+                    zmem_common::host::fds::read_to_string(Wait::Yes, &task.join(&t).join("comm")).unwrap_or_default(),
                 ))
             })
             .collect(),
@@ -132,7 +132,7 @@ pub(crate) fn is_zmem(comm: &str) -> bool {
 
 /// The threads of this process now.
 pub(crate) fn threads() -> usize {
-    zmem_common::fds::dir_names(Wait::Yes, Path::new("/proc/self/task"))
+    zmem_common::host::fds::dir_names(Wait::Yes, Path::new("/proc/self/task"))
         .map(|n| n.len())
         .ok()
         .or_else(thread_count)

@@ -22,7 +22,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use zmem_common::owned::{self, Kind};
+use zmem_common::host::owned::{self, Kind};
 
 use crate::guard::in_zmem;
 
@@ -141,7 +141,7 @@ extern "C" fn trampoline(t: *mut c_void) -> *mut c_void {
     // SAFETY: the flag lives on the creator's stack until the creator sees
     // it set; it is not touched after this store.
     unsafe { (*t.recorded).store(true, Ordering::Release) };
-    zmem_common::thread::set_signal_mask(&t.mask);
+    zmem_common::host::thread::set_signal_mask(&t.mask);
     (t.start)(t.arg)
 }
 
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn pthread_create(
     }
     let kind = if in_zmem() || crate::next::zmem_thread() { Kind::Zmem } else { Kind::Stack };
     let recorded = AtomicBool::new(false);
-    let mask = zmem_common::thread::signal_mask();
+    let mask = zmem_common::host::thread::signal_mask();
     let t = Box::into_raw(Box::new(Trampoline { start, arg, kind, recorded: &recorded, mask }));
     let _spawning = owned::spawn_lock();
     // Inside the shim: what glibc allocates for the thread (its DTV) comes

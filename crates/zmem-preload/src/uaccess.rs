@@ -42,7 +42,7 @@ use libc::{
 };
 
 use crate::stdio::{c_len, clear_failure, directory, standard_output, stream, stream_failed, Stdio};
-use crate::PAGE;
+use zmem_common::PAGE_SIZE;
 
 /// The pager's userfaultfd serves faults from user mode only. Set at its
 /// start, never cleared: a forked child's pager takes over its parent's
@@ -106,7 +106,7 @@ fn touch(p: usize, n: usize, every: bool) -> bool {
     // touch does not: it is the program's own access.
     let look = |at| if every { shim.pager.managed_run(at, end) } else { shim.pager.unmapped_run(at, end) };
     while let Some((a, b)) = crate::guard::guarded(|| look(at)).flatten() {
-        for page in (a..b).step_by(PAGE) {
+        for page in (a..b).step_by(PAGE_SIZE) {
             // SAFETY: a page of a region the pager manages, outside the
             // program's holes in it: mapped readable (private, anonymous,
             // read-write when managed), the program's buffer for this call.
@@ -140,7 +140,7 @@ fn remembered(start: u64, end: u64, epoch: u64) -> bool {
 /// runs meanwhile on this thread and reads the table sees the entry as
 /// none (epoch 0) until it is whole.
 fn remember(start: u64, end: u64, epoch: u64) {
-    let slot = (start / PAGE as u64) as usize % crate::flags::MAPPED_RANGES;
+    let slot = (start / PAGE_SIZE as u64) as usize % crate::flags::MAPPED_RANGES;
     let entry = crate::flags::mapped_ranges().cast::<u64>().wrapping_add(slot * 3);
     for (i, v) in [(2, 0), (0, start), (1, end), (2, epoch)] {
         // SAFETY: field i of entry `slot` of the calling thread's own

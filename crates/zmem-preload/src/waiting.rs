@@ -159,16 +159,17 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
 /// ones (file pages and shared memory), from the calling thread's
 /// `/proc/thread-self/statm` (`/proc/self` of a process whose main thread
 /// ended reads as empty). Opened, read and closed in one descriptor
-/// section (`zmem_common::fds`), never kept: a program's `dup2` onto a
+/// section (`zmem_common::host::fds`), never kept: a program's `dup2` onto a
 /// number it takes for free waits for the section, where a descriptor
 /// kept open was replaced under zmem, and its close then closed the
 /// program's file (sshd's re-exec'd child lost its configuration pipe).
 fn anon_bytes() -> Option<usize> {
-    let t = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, "/proc/thread-self/statm".as_ref()).ok()?;
-    let mut f = t.split(' ').map(|f| f.parse::<usize>().ok());
-    let resident = f.nth(1)??;
-    let shared = f.next()??;
-    Some(resident.saturating_sub(shared) * crate::PAGE)
+    let t =
+        zmem_common::host::fds::read_to_string(zmem_common::host::fds::Wait::Yes, "/proc/thread-self/statm".as_ref())
+            .ok()?;
+    let resident = zmem_common::procfs::statm_field(&t, 1)?;
+    let shared = zmem_common::procfs::statm_field(&t, 2)?;
+    Some(resident.saturating_sub(shared) * zmem_common::PAGE_SIZE)
 }
 
 /// Bytes left to the start point at the last look (`usize::MAX`: the

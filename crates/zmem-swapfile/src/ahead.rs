@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 use zmem_common::LockExt;
-use zmem_zsmalloc::{Page, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_zsmalloc::Page;
 
 use super::{Slot, SwapFile};
 
@@ -151,7 +152,7 @@ impl Ring {
             Ok(ring) => {
                 let fd = ring.as_raw_fd();
                 // Kept from the program's `close` family, as the file is.
-                zmem_common::fds::keep(fd);
+                zmem_common::host::fds::keep(fd);
                 let state = State { ring, runs: HashMap::new(), next: 1 };
                 Some(Ring { state: Mutex::new(state), pid: std::process::id(), fd })
             }
@@ -245,11 +246,11 @@ impl SwapFile {
             // busy queue) goes to a kernel worker thread (`iou-wrk-*`), a
             // thread of the program's process; the last one idle stays as
             // long as the handler. Once the program has changed its root
-            // (`zmem_common::thread::no_new_io_workers`), zmem can no longer
+            // (`zmem_common::host::thread::no_new_io_workers`), zmem can no longer
             // tell a new one from a thread of the program's: then
             // RWF_NOWAIT, and such a read fails with EAGAIN and is dropped
             // (a walk's reads served ahead: 91-96%, against 96-99%).
-            let nowait = if zmem_common::thread::io_workers_allowed() { 0 } else { libc::RWF_NOWAIT };
+            let nowait = if zmem_common::host::thread::io_workers_allowed() { 0 } else { libc::RWF_NOWAIT };
             let entry = opcode::Readv::new(types::Fd(self.file.as_raw_fd()), run.iov.as_ptr(), k as u32)
                 .offset(u64::from(first) * PAGE_SIZE as u64)
                 .rw_flags(nowait)
@@ -418,7 +419,7 @@ impl SwapFile {
             std::mem::forget(std::mem::take(&mut st.runs));
         }
         drop(st);
-        zmem_common::fds::forget(ring.fd);
+        zmem_common::host::fds::forget(ring.fd);
         let mut free = Vec::new();
         let mut g = self.lock();
         for (_, b) in g.ahead.blocks.drain() {

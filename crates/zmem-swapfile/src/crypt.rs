@@ -18,7 +18,7 @@ use aes::{Aes256, Block};
 use crate::Slot;
 
 /// XTS blocks per page.
-const BLOCKS: usize = zmem_zsmalloc::PAGE_SIZE / 16;
+const BLOCKS: usize = zmem_common::PAGE_SIZE / 16;
 
 pub struct Crypt {
     data: Aes256,

@@ -3,7 +3,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use zmem_zsmalloc::{Mempool, MempoolConfig, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_zsmalloc::{Mempool, MempoolConfig};
 
 use crate::{SwapError, SwapFile, SwapFileConfig};
 

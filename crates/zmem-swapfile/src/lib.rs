@@ -47,7 +47,8 @@ use std::sync::{Arc, Mutex};
 use zmem_common::LockExt;
 
 use thiserror::Error;
-use zmem_zsmalloc::{Mempool, Page, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_zsmalloc::{Mempool, Page};
 
 pub use crypt::Crypt;
 pub use slot::{Slot, SlotMap};
@@ -291,7 +292,7 @@ impl SwapFile {
 impl Drop for SwapFile {
     fn drop(&mut self) {
         self.drain_ahead();
-        zmem_common::fds::forget(std::os::fd::AsRawFd::as_raw_fd(&self.file));
+        zmem_common::host::fds::forget(std::os::fd::AsRawFd::as_raw_fd(&self.file));
     }
 }
 
@@ -303,8 +304,8 @@ impl SwapFile {
     /// [`SwapError::Key`] if no random key can be had.
     pub fn create(cfg: &SwapFileConfig, mempool: Arc<Mempool>) -> Result<SwapFile, SwapError> {
         let file = create_file(&cfg.dir).map_err(|source| SwapError::Create { dir: cfg.dir.clone(), source })?;
-        // Kept from the program's `close` family (see `zmem_common::fds`).
-        zmem_common::fds::keep(std::os::fd::AsRawFd::as_raw_fd(&file));
+        // Kept from the program's `close` family (see `zmem_common::host::fds`).
+        zmem_common::host::fds::keep(std::os::fd::AsRawFd::as_raw_fd(&file));
         let direct_io = set_direct(&file);
         if !direct_io {
             log::warn!("{} does not take O_DIRECT; the swap file goes through the page cache", cfg.dir.display());

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use small_fs::SmallFs;
+use zmem_common::PAGE_SIZE;
 use zmem_swapfile::{SwapError, SwapFile, SwapFileConfig};
-use zmem_zsmalloc::{Mempool, MempoolConfig, PAGE_SIZE};
+use zmem_zsmalloc::{Mempool, MempoolConfig};
 
 fn mempool() -> Arc<Mempool> {
     Arc::new(Mempool::new(MempoolConfig { min_nr: 8, ..Default::default() }).unwrap())

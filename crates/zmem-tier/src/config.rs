@@ -35,13 +35,10 @@ pub struct TierConfig {
 /// Total RAM from /proc/meminfo, or 1 GiB if it cannot be read (through
 /// a kept descriptor: a pager may start while the program runs).
 pub fn total_ram() -> usize {
-    zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, std::path::Path::new("/proc/meminfo"))
+    zmem_common::host::fds::read_to_string(zmem_common::host::fds::Wait::Yes, std::path::Path::new("/proc/meminfo"))
         .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<usize>().ok()
-        })
-        .map_or(1 << 30, |kib| kib * 1024)
+        .and_then(|s| zmem_common::procfs::kb_field(&s, "MemTotal:"))
+        .map_or(1 << 30, |bytes| bytes as usize)
 }
 
 impl Default for TierConfig {

@@ -54,7 +54,7 @@ impl Entry {
     pub fn holds_pool(&self) -> bool {
         match self.stored {
             Stored::Pool { .. } => true,
-            Stored::Swap { len, .. } => usize::from(len) < zmem_zsmalloc::PAGE_SIZE,
+            Stored::Swap { len, .. } => usize::from(len) < zmem_common::PAGE_SIZE,
             Stored::SameFilled(_) => false,
         }
     }

@@ -2,9 +2,9 @@
 //! [`StoreOutcome`](crate::StoreOutcome)).
 
 use thiserror::Error;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::DecompressError;
 use zmem_swapfile::SwapError;
-use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::MAX_FOLIO_PAGES;
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use zmem_zsmalloc::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 use zmem_swapfile::Slot;
 

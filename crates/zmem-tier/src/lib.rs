@@ -54,9 +54,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use zmem_common::ConfigError;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::{BatchCompressor, Engines, Sequential};
 use zmem_swapfile::SwapFile;
-use zmem_zsmalloc::{Mempool, PAGE_SIZE};
+use zmem_zsmalloc::Mempool;
 
 pub use config::{total_ram, TierConfig};
 pub use entry::{Entry, Stored};

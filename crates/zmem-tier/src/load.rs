@@ -1,7 +1,7 @@
 //! Load, invalidate and lookup.
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::DecompressError;
-use zmem_zsmalloc::PAGE_SIZE;
 
 use std::sync::Arc;
 

@@ -9,8 +9,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::{CodecSpec, CompressError};
-use zmem_zsmalloc::{Handle, PAGE_SIZE};
+use zmem_zsmalloc::Handle;
 
 use crate::stats::inc;
 use crate::{Pool, Stored, Tier, TierError};

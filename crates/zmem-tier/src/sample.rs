@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::{BatchCompressor, CodecSpec, Sequential};
-use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::stats::inc;
 use crate::{Stored, Tier, TierError};

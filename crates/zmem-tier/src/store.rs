@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use zmem_common::LockExt;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::batch::{Batch, ItemError, Op, Ticket};
 use zmem_compress::CompressError;
-use zmem_zsmalloc::PAGE_SIZE;
 
 use crate::stats::{dec, inc};
 use crate::tree::BLOCK;

@@ -3,7 +3,8 @@
 //! slots and written; no codec runs. They are decompressed when loaded.
 
 use zmem_common::LockExt;
-use zmem_zsmalloc::{Handle, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_zsmalloc::Handle;
 
 use crate::stats::{dec, inc};
 use crate::tree::BLOCK;

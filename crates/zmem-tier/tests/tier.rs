@@ -10,8 +10,9 @@ mod small_fs;
 
 use proptest::prelude::*;
 use small_fs::SmallFs;
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{CodecSpec, CompressError, Compressor, DecompressError, Sequential, PAGE_SIZE};
+use zmem_compress::{CodecSpec, CompressError, Compressor, DecompressError, Sequential};
 use zmem_tier::{LoadOutcome, RejectReason, StoreOutcome, Stored, Tier, TierConfig, TierError};
 use zmem_zsmalloc::MempoolConfig;
 

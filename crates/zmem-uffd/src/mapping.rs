@@ -8,7 +8,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
-pub use zmem_common::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 #[derive(Debug)]
 pub struct Mapping {
@@ -30,7 +30,7 @@ impl Mapping {
     pub fn new(len: usize) -> rustix::io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         // Recorded as zmem's before a scan of the address space can see it.
-        let _recording = zmem_common::owned::spawn_lock();
+        let _recording = zmem_common::host::owned::spawn_lock();
         // SAFETY: a fresh anonymous mapping at an address the kernel picks
         // aliases nothing.
         let p = unsafe {
@@ -41,7 +41,7 @@ impl Mapping {
                 rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
             )
         }?;
-        zmem_common::owned::add(p as u64, len, zmem_common::owned::Kind::Zmem);
+        zmem_common::host::owned::add(p as u64, len, zmem_common::host::owned::Kind::Zmem);
         Ok(Mapping { ptr: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)?, len })
     }
 
@@ -51,7 +51,7 @@ impl Mapping {
     /// mmap's error.
     pub fn file_read_only(fd: &std::os::fd::OwnedFd, len: usize) -> rustix::io::Result<Mapping> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let _recording = zmem_common::owned::spawn_lock();
+        let _recording = zmem_common::host::owned::spawn_lock();
         // SAFETY: a fresh mapping at an address the kernel picks aliases
         // nothing; the file's bytes are only read through it.
         let p = unsafe {
@@ -64,7 +64,7 @@ impl Mapping {
                 0,
             )
         }?;
-        zmem_common::owned::add(p as u64, len, zmem_common::owned::Kind::Zmem);
+        zmem_common::host::owned::add(p as u64, len, zmem_common::host::owned::Kind::Zmem);
         Ok(Mapping { ptr: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)?, len })
     }
 
@@ -133,6 +133,6 @@ impl Drop for Mapping {
         // outlives self (words() borrows self).
         let r = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
         debug_assert!(r.is_ok(), "munmap of a zmem mapping failed: {r:?}");
-        zmem_common::owned::remove(self.addr());
+        zmem_common::host::owned::remove(self.addr());
     }
 }

@@ -9,8 +9,8 @@ use linux_raw_sys::general as uapi;
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
 
-use crate::mapping::PAGE_SIZE;
 use crate::sys::{call, UffdError};
+use zmem_common::PAGE_SIZE;
 
 /// `PAGEMAP_SCAN`: `_IOWR('f', 16, struct pm_scan_arg)`.
 pub const PAGEMAP_SCAN: Opcode = 0xC060_6610;
@@ -18,7 +18,7 @@ pub const PAGEMAP_SCAN: Opcode = 0xC060_6610;
 /// Page-table entries read from `/proc/self/pagemap`, one `u64` per page.
 #[derive(Debug)]
 pub struct PageMap {
-    fd: zmem_common::fds::KeptFd,
+    fd: zmem_common::host::fds::KeptFd,
 }
 
 /// Pagemap entry bits: the page is present, or swapped out by the kernel.
@@ -126,9 +126,9 @@ impl PageMap {
     }
 }
 
-fn open_pagemap() -> Result<zmem_common::fds::KeptFd, UffdError> {
+fn open_pagemap() -> Result<zmem_common::host::fds::KeptFd, UffdError> {
     use rustix::fs::{Mode, OFlags};
-    zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, Errno::AGAIN, || {
+    zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, Errno::AGAIN, || {
         rustix::fs::open("/proc/thread-self/pagemap", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
     .map_err(|e| UffdError::Ioctl { op: "open /proc/self/pagemap", addr: 0, len: 0, errno: e })
@@ -142,7 +142,7 @@ fn open_pagemap() -> Result<zmem_common::fds::KeptFd, UffdError> {
 /// ([`WriteTracker::written`]).
 #[derive(Debug)]
 pub struct WriteTracker {
-    pagemap: zmem_common::fds::KeptFd,
+    pagemap: zmem_common::host::fds::KeptFd,
     buf: Vec<uapi::page_region>,
 }
 

@@ -126,7 +126,7 @@ pub enum Event {
     /// A fault at `addr` (page-aligned unless EXACT_ADDRESS was asked for).
     PageFault { addr: u64, write: bool, wp: bool, minor: bool, thread_id: u32 },
     /// The process forked; the child's userfaultfd.
-    Fork { uffd: zmem_common::fds::KeptFd },
+    Fork { uffd: zmem_common::host::fds::KeptFd },
     /// `mremap` moved `[from, from + len)` to `to`.
     Remap { from: u64, to: u64, len: u64 },
     /// `madvise(MADV_DONTNEED/REMOVE)` dropped `[start, end)`.
@@ -140,8 +140,8 @@ pub enum Event {
 /// A userfaultfd, after the API handshake.
 #[derive(Debug)]
 pub struct Uffd {
-    /// Kept from the program's `close` family (`zmem_common::fds`).
-    fd: zmem_common::fds::KeptFd,
+    /// Kept from the program's `close` family (`zmem_common::host::fds`).
+    fd: zmem_common::host::fds::KeptFd,
     features: Features,
     ioctls: u64,
     /// Made with `UFFD_USER_MODE_ONLY` ([`user_mode_only`](Self::user_mode_only)).
@@ -249,12 +249,12 @@ impl Uffd {
     /// [`UffdError::NotPermitted`] (with what to change),
     /// [`UffdError::Unsupported`], or [`UffdError::MissingFeatures`].
     pub fn open(mode: OpenMode, want: Features) -> Result<Uffd, UffdError> {
-        // Kept from the moment they exist (`zmem_common::fds`): a pager may
+        // Kept from the moment they exist (`zmem_common::host::fds`): a pager may
         // start while another thread of the program closes descriptors.
         let mut user_mode_only = false;
         let mut kept = || {
             let busy = UffdError::Unsupported(Errno::AGAIN);
-            zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, busy, || {
+            zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, busy, || {
                 open_raw(mode).map(|(fd, user)| {
                     user_mode_only = user;
                     fd
@@ -286,7 +286,7 @@ impl Uffd {
     /// handshake (a second one fails), and copied every registration of
     /// the parent's mappings into it: the child's faults come to it from
     /// the moment of fork, whoever holds it.
-    pub fn forked(&self, child: zmem_common::fds::KeptFd) -> Uffd {
+    pub fn forked(&self, child: zmem_common::host::fds::KeptFd) -> Uffd {
         Uffd { fd: child, features: self.features, ioctls: self.ioctls, user_mode_only: self.user_mode_only }
     }
 
@@ -295,7 +295,7 @@ impl Uffd {
     /// features and ioctls the parent's had.
     pub fn handed_over(fd: OwnedFd, features: Features, ioctls: u64) -> Uffd {
         // The parent's mode is not handed over; it warned, if it had to.
-        Uffd { fd: zmem_common::fds::KeptFd::new(fd), features, ioctls, user_mode_only: false }
+        Uffd { fd: zmem_common::host::fds::KeptFd::new(fd), features, ioctls, user_mode_only: false }
     }
 
     /// The features in force (what was asked for; the kernel may add more).
@@ -644,14 +644,14 @@ impl Uffd {
 
     /// With FORK events on, a read may put a child's userfaultfd into this
     /// process's descriptor table: it is read inside a section
-    /// (`zmem_common::fds`), so that the program's `close_range` cannot close
+    /// (`zmem_common::host::fds`), so that the program's `close_range` cannot close
     /// it before the event is kept, where one can be entered at once (a
     /// handler never waits).
-    fn reading(&self) -> Option<zmem_common::fds::Section> {
+    fn reading(&self) -> Option<zmem_common::host::fds::Section> {
         if self.features.0 & Features::EVENT_FORK.0 == 0 {
             return None;
         }
-        zmem_common::fds::Section::try_enter()
+        zmem_common::host::fds::Section::try_enter()
     }
 
     /// Reads the pending events (non-blocking: none pending is an empty vec).
@@ -697,7 +697,7 @@ fn parse(m: &[u8]) -> Event {
             let fd = unsafe { OwnedFd::from_raw_fd(raw) };
             // Kept at once, inside the reader's section where it has one
             // (`Uffd::reading`).
-            Event::Fork { uffd: zmem_common::fds::KeptFd::new(fd) }
+            Event::Fork { uffd: zmem_common::host::fds::KeptFd::new(fd) }
         }
         uapi::UFFD_EVENT_REMAP => Event::Remap { from: u64_at(m, 8), to: u64_at(m, 16), len: u64_at(m, 24) },
         uapi::UFFD_EVENT_REMOVE => Event::Remove { start: u64_at(m, 8), end: u64_at(m, 16) },

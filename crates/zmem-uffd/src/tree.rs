@@ -127,7 +127,7 @@ pub enum TreeError {
 
 impl Drop for Tree {
     fn drop(&mut self) {
-        zmem_common::owned::remove(self.base.as_ptr() as u64);
+        zmem_common::host::owned::remove(self.base.as_ptr() as u64);
         // SAFETY: the mapping is this Tree's own, and nothing borrows from
         // it past the Tree's life.
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), SIZE) };
@@ -153,7 +153,8 @@ fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
         Err(rustix::io::Errno::NOENT) => None,
         Err(_) => return None,
     };
-    let names = zmem_common::fds::dir_names(zmem_common::fds::Wait::Yes, Path::new("/proc/thread-self/fd")).ok()?;
+    let names =
+        zmem_common::host::fds::dir_names(zmem_common::host::fds::Wait::Yes, Path::new("/proc/thread-self/fd")).ok()?;
     let fds: Vec<std::os::fd::RawFd> = names.iter().filter_map(|n| n.to_str().and_then(|n| n.parse().ok())).collect();
     let fd = fds.into_iter().find(|&fd| {
         // SAFETY: fstat on a number that may be closed meanwhile reads
@@ -168,7 +169,7 @@ fn inherited(path: &Path) -> Option<std::os::fd::RawFd> {
                 }
         })
     })?;
-    zmem_common::fds::keep_for_good(fd);
+    zmem_common::host::fds::keep_for_good(fd);
     Some(fd)
 }
 
@@ -244,7 +245,7 @@ impl Tree {
     fn map(fd: rustix::fd::BorrowedFd<'_>) -> rustix::io::Result<Tree> {
         // zmem's own mapping (shared, so never adopted; recorded all the
         // same, as every mapping of zmem's is).
-        let _recording = zmem_common::owned::spawn_lock();
+        let _recording = zmem_common::host::owned::spawn_lock();
         // SAFETY: a fresh shared mapping of the whole file at an address the
         // kernel picks aliases nothing of ours; it lives as long as the Tree.
         let p = unsafe {
@@ -257,7 +258,7 @@ impl Tree {
                 0,
             )
         }?;
-        zmem_common::owned::add(p as u64, SIZE, zmem_common::owned::Kind::Zmem);
+        zmem_common::host::owned::add(p as u64, SIZE, zmem_common::host::owned::Kind::Zmem);
         Ok(Tree { base: NonNull::new(p.cast()).ok_or(rustix::io::Errno::NOMEM)? })
     }
 
@@ -466,9 +467,9 @@ impl Drop for Member {
 /// is a zombie or dead.
 fn stat(pid: u32) -> Option<(u64, bool)> {
     let path = format!("/proc/{pid}/stat");
-    let text = zmem_common::fds::read_to_string(zmem_common::fds::Wait::Yes, path.as_ref()).ok()?;
-    let state = zmem_common::stat_field(&text, 3)?;
-    let start = zmem_common::stat_field(&text, 22)?.parse().ok()?;
+    let text = zmem_common::host::fds::read_to_string(zmem_common::host::fds::Wait::Yes, path.as_ref()).ok()?;
+    let state = zmem_common::procfs::stat_field(&text, 3)?;
+    let start = zmem_common::procfs::stat_field(&text, 22)?.parse().ok()?;
     Some((start, matches!(state, "Z" | "X" | "x")))
 }
 
@@ -520,12 +521,12 @@ mod tests {
         let _u = Tree::create(&q, 32 << 20).unwrap();
         let fd = Tree::inheritable(&p).unwrap();
         let raw = fd.as_raw_fd();
-        assert!(!zmem_common::fds::is_kept(raw));
+        assert!(!zmem_common::host::fds::is_kept(raw));
         // q's segment: p's descriptor is not it, and q is opened by name.
         assert_eq!(inherited(&q), None);
         assert_eq!(Tree::open(&q).unwrap().limit(), 32 << 20);
         assert_eq!(inherited(&p), Some(raw));
-        assert!(zmem_common::fds::is_kept(raw), "an inherited segment must be kept from the program's close");
+        assert!(zmem_common::host::fds::is_kept(raw), "an inherited segment must be kept from the program's close");
         assert_eq!(Tree::open(&p).unwrap().limit(), 64 << 20);
         // Without CLOEXEC: the program's children inherit it in turn.
         let flags = rustix::io::fcntl_getfd(&fd).unwrap();

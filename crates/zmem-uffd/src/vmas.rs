@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::io::Errno;
 use rustix::ioctl::Opcode;
-use zmem_common::fds::Wait;
+use zmem_common::host::fds::Wait;
 
 use crate::sys::call;
 
@@ -83,7 +83,7 @@ impl Vma {
 }
 
 /// Opens this process's maps file, kept from the program's `close` family
-/// (`zmem_common::fds`): a program's `closefrom(3)` would otherwise close
+/// (`zmem_common::host::fds`): a program's `closefrom(3)` would otherwise close
 /// it, and the program's next file could take its number, to be queried by
 /// us. A pager opens it at its start and keeps it (`Inner::maps`), before
 /// the program runs on (in a forked child, in the fork handler), so that
@@ -104,9 +104,9 @@ impl Vma {
 /// # Errors
 /// Opening the file, or `AGAIN` where the program's closes kept it from
 /// being opened for a second.
-pub fn open_maps() -> Result<zmem_common::fds::KeptFd, Errno> {
+pub fn open_maps() -> Result<zmem_common::host::fds::KeptFd, Errno> {
     use rustix::fs::{Mode, OFlags};
-    zmem_common::fds::open_kept(Wait::Yes, Errno::AGAIN, || {
+    zmem_common::host::fds::open_kept(Wait::Yes, Errno::AGAIN, || {
         rustix::fs::open("/proc/thread-self/maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
 }
@@ -257,7 +257,7 @@ pub fn mapped_through(fd: BorrowedFd<'_>, addr: u64, end: u64) -> Result<u64, Er
 /// in full (the kernel counts each mapping's pages for `smaps`), so only
 /// where a fork needs it.
 pub fn not_inherited() -> Result<Vec<(u64, u64)>, Errno> {
-    let text = zmem_common::fds::read_to_string(Wait::Yes, "/proc/thread-self/smaps".as_ref())
+    let text = zmem_common::host::fds::read_to_string(Wait::Yes, "/proc/thread-self/smaps".as_ref())
         .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
     Ok(parse_not_inherited(&text))
 }
@@ -395,7 +395,7 @@ pub fn static_data(vmas: &[Vma], i: usize) -> StaticData {
     let loads = ph.chunks_exact(PHDR).filter(|p| u32::from_le_bytes(p[..4].try_into().unwrap()) == PT_LOAD);
     // (p_offset, p_vaddr, p_filesz, p_memsz)
     let loads: Vec<_> = loads.map(|p| (u64_at(p, 8), u64_at(p, 16), u64_at(p, 32), u64_at(p, 40))).collect();
-    let page = crate::mapping::PAGE_SIZE as u64;
+    let page = zmem_common::PAGE_SIZE as u64;
     let down = |x: u64| x & !(page - 1);
     let up = |x: u64| x.saturating_add(page - 1) & !(page - 1);
     // The segment at file offset 0 is the one mapped at `head.start`.

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig};
 #[path = "common/child.rs"]
 mod child;
@@ -307,7 +307,7 @@ fn a_stray_fault_is_served_while_a_forking_thread_holds_zmems_ranges() {
     let (pager, base, _) = adopted_with_tail(tail);
     let before = pager.stats();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fork = zmem_common::owned::fork_lock();
+    let fork = zmem_common::host::owned::fork_lock();
     let toucher = {
         let done = done.clone();
         std::thread::spawn(move || {
@@ -441,7 +441,7 @@ fn executable_memory_is_evicted_through_an_executable_staging_area() {
 
 #[test]
 fn zmems_own_mappings_are_recorded_while_they_live() {
-    use zmem_common::owned::{overlapping, Kind};
+    use zmem_common::host::owned::{overlapping, Kind};
     let m = zmem_uffd::Mapping::new(4 * MIB).unwrap();
     let (a, b) = (m.addr(), m.addr() + (4 * MIB) as u64);
     assert_eq!(overlapping(a + 100, a + 200), vec![(a, b, Kind::Zmem)]);

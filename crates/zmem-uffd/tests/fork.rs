@@ -13,7 +13,7 @@ mod pages;
 
 use common::watchdog;
 use pages::{check_page, write_page};
-use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig};
 
 /// Pages of the second region's last folio left mapped.

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 mod common;
 
 use common::watchdog;
-use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 use zmem_uffd::{Mapping, PageMap};
 
 /// `PageMap::shared_pages` counts the pages a fork left shared, page by

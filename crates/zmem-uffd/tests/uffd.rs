@@ -6,7 +6,7 @@ use std::time::Duration;
 mod common;
 
 use common::watchdog;
-use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 use zmem_uffd::{Event, Features, Mapping, OpenMode, PageMap, RegisterMode, Uffd};
 
 const MISSING: RegisterMode = RegisterMode { missing: true, wp: false };
@@ -334,7 +334,7 @@ fn a_forked_childs_faults_reach_the_parent_which_serves_them_and_hands_the_conte
                 // SAFETY: ends the child.
                 unsafe { libc::_exit(2) }
             };
-            let cu = u.forked(zmem_common::fds::KeptFd::new(fd));
+            let cu = u.forked(zmem_common::host::fds::KeptFd::new(fd));
             // Page 2: filled by the child itself, through its context.
             // SAFETY: our registered page; pages[2] is our copy of the
             // parent's bytes.

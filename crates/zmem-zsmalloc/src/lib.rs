@@ -17,5 +17,5 @@ mod sync;
 mod zspage;
 
 pub use handle::Handle;
-pub use mempool::{BulkAlloc, Mempool, MempoolConfig, MempoolError, MempoolStats, Page, PAGE_SIZE};
+pub use mempool::{BulkAlloc, Mempool, MempoolConfig, MempoolError, MempoolStats, Page};
 pub use pool::{ClassStats, ZsError, ZsPool, ZsPoolConfig};

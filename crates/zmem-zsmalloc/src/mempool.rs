@@ -39,7 +39,7 @@ use zmem_common::{unpoison, LockExt};
 
 use thiserror::Error;
 
-pub use zmem_common::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 /// The smallest batch of pages released to the OS at once.
 pub const RELEASE_BATCH: usize = 64;
 
@@ -406,7 +406,7 @@ fn carve(g: &mut Inner, arena_pages: usize) -> Result<Page, MempoolError> {
     if need_new {
         let bytes = arena_pages * PAGE_SIZE;
         // Recorded as zmem's before a scan of the address space can see it.
-        let _recording = zmem_common::owned::spawn_lock();
+        let _recording = zmem_common::host::owned::spawn_lock();
         // SAFETY: an anonymous private mapping at an address of the kernel's
         // choosing aliases nothing; the result is checked before use.
         let base = unsafe {
@@ -420,7 +420,7 @@ fn carve(g: &mut Inner, arena_pages: usize) -> Result<Page, MempoolError> {
         .map_err(|source| MempoolError::Mmap { bytes, source })?;
         let base =
             NonNull::new(base.cast::<u8>()).ok_or(MempoolError::Mmap { bytes, source: rustix::io::Errno::NOMEM })?;
-        zmem_common::owned::add(base.as_ptr() as u64, bytes, zmem_common::owned::Kind::Zmem);
+        zmem_common::host::owned::add(base.as_ptr() as u64, bytes, zmem_common::host::owned::Kind::Zmem);
         g.arenas.push(Arena { base, pages: arena_pages });
         g.bump = 0;
     }
@@ -523,7 +523,7 @@ impl Drop for Mempool {
             // refers to the mapping any more; base/len are the mmap's own.
             let r = unsafe { rustix::mm::munmap(a.base.as_ptr().cast(), a.pages * PAGE_SIZE) };
             debug_assert!(r.is_ok(), "munmap of a mempool arena failed: {r:?}");
-            zmem_common::owned::remove(a.base.as_ptr() as u64);
+            zmem_common::host::owned::remove(a.base.as_ptr() as u64);
         }
     }
 }

@@ -32,12 +32,13 @@ use zmem_common::LockExt;
 use thiserror::Error;
 
 use crate::handle::{Handle, HandleTable, Location, Lookup, Slot, MAX_OBJS_PER_ZSPAGE};
-use crate::mempool::{Mempool, Page, PAGE_SIZE};
+use crate::mempool::{Mempool, Page};
 use crate::size_class::{ClassShape, ClassTable, DEFAULT_CHAIN_SIZE, MAX_CHAIN_SIZE};
 use crate::strict_assert;
 use crate::zspage::{ClassInner, ObjMeta, ZsPage};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use zmem_common::PAGE_SIZE;
 
 /// Errors of the pool. A bad handle is always an error, never silently
 /// another object.

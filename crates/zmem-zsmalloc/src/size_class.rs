@@ -8,7 +8,7 @@
 //! with one object is "huge": every object at or above the smallest huge
 //! size takes a whole page.
 
-use crate::mempool::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 pub const MIN_ALLOC_SIZE: usize = 32;
 pub const CLASS_DELTA: usize = 16;

@@ -2,7 +2,8 @@
 //! groups (see `pool.rs` for the design and the lock order).
 
 use crate::handle::MAX_ZSPAGES_PER_CLASS;
-use crate::mempool::{Page, PAGE_SIZE};
+use crate::mempool::Page;
+use zmem_common::PAGE_SIZE;
 
 pub(crate) const FULL: usize = 10;
 pub(crate) const NGROUPS: usize = FULL + 1;

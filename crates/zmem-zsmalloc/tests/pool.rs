@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use zmem_zsmalloc::{Handle, Mempool, MempoolConfig, ZsError, ZsPool, ZsPoolConfig, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_zsmalloc::{Handle, Mempool, MempoolConfig, ZsError, ZsPool, ZsPoolConfig};
 
 fn pool_with(cfg: ZsPoolConfig, max_pages: Option<usize>) -> ZsPool {
     let mp = Mempool::new(MempoolConfig { max_pages, wait_timeout: Duration::from_millis(1), ..Default::default() })

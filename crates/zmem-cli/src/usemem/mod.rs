@@ -35,7 +35,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_compress::CodecSpec;
 use zmem_settings::parse_size;
 
 use kernel::{debugfs_zswap, kernel_rejects, vmstat, KernelSetup};

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{EnginesConfig, PAGE_SIZE};
+use zmem_compress::EnginesConfig;
 use zmem_settings::parse_size;
 use zmem_tier::TierConfig;
 use zmem_uffd::{Mapping, Pager, PagerConfig};
@@ -45,7 +46,7 @@ pub struct WorkerReport {
 /// This process's peak RSS, from `VmHWM` in /proc/self/status.
 fn peak_rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    zmem_common::kb_field(&s, "VmHWM:").unwrap_or(0)
+    zmem_common::procfs::kb_field(&s, "VmHWM:").unwrap_or(0)
 }
 
 /// The worker's side: `zmem usemem-worker`.

@@ -65,7 +65,7 @@ print("closed ok", mib)
 /// and evicted with the program's memory, they hung it: the handler faulted
 /// on its own vector, reclaim on one in the folio it was evicting (`cargo
 /// build` hung in its first rustc). Each zmem thread's vector is now
-/// pinned, never evicted (`zmem_common::tls`). Checked: 4 GiB hung with the build before,
+/// pinned, never evicted (`zmem_common::host::tls`). Checked: 4 GiB hung with the build before,
 /// and 256 MiB in 1 run of 2.
 #[test]
 fn a_program_whose_executable_defines_malloc_pages_through_the_limit() {

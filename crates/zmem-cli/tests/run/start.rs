@@ -122,7 +122,7 @@ fn a_tree_of_many_short_processes_holds_its_limit() {
 }
 
 /// A forked child of a waiting process starts a stats thread of its own,
-/// which pins its thread vector (`zmem_common::tls`) under a lock as it
+/// which pins its thread vector (`zmem_common::host::tls`) under a lock as it
 /// starts. A child that forked again before its stats thread was past
 /// that (a pyenv shim's bash, in a `$(...)`) could copy the lock held into
 /// the grandchild, which hung as it started its own stats thread (seen in

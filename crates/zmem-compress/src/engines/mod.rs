@@ -44,9 +44,10 @@ use zmem_common::LockExt;
 
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
 
-use crate::batch::{check_shape, Batch, BatchItem, CtxPool, Factory, ItemError, Op, Ticket, TicketInner};
+use crate::batch::{check_shape, Batch, BatchItem, CtxPool, Factory, ItemError, Op, PendingBatch, Ticket, TicketInner};
 use crate::codec::Compressor;
 use crate::{BatchCompressor, CompressError, DecompressError, Error};
+use std::any::Any;
 use zmem_common::ConfigError;
 
 mod config;
@@ -313,10 +314,11 @@ impl Engines {
             let shared = Arc::clone(&shared);
             let paused = Arc::clone(&paused);
             let pin = shared.cfg.pin.then_some(k % ncpus);
-            let t = zmem_common::thread::spawn(thread::Builder::new().name(format!("zmem-engine-{k}")), move || {
-                engine_main(k, rx, ctx, &shared, &paused, pin)
-            })
-            .map_err(|e| Error::Spawn(e.to_string()))?;
+            let t =
+                zmem_common::host::thread::spawn(thread::Builder::new().name(format!("zmem-engine-{k}")), move || {
+                    engine_main(k, rx, ctx, &shared, &paused, pin)
+                })
+                .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.push(t);
         }
         Ok(Engines {
@@ -550,8 +552,8 @@ fn next_descriptor(rx: &Receiver<(Arc<Inflight>, usize)>, idle_spin: Duration) -
     if let Ok(d) = rx.try_recv() {
         return Some(d);
     }
-    // Before it may block (`zmem_common::tls`).
-    zmem_common::tls::keep_resident();
+    // Before it may block (`zmem_common::host::tls`).
+    zmem_common::host::tls::keep_resident();
     if !idle_spin.is_zero() {
         let start = Instant::now();
         let mut n = 0u32;
@@ -667,31 +669,48 @@ impl BatchCompressor for Engines {
     }
 
     fn submit(&self, batch: Batch) -> Result<Ticket, Error> {
-        Ok(Ticket { inner: TicketInner::Inflight(self.submit_inner(batch)?) })
+        Ok(Ticket::pending(Box::new(EngineBatch(self.submit_inner(batch)?))))
     }
 
     /// Also runs the items kept for the submitting core (see
     /// [`EnginesConfig::help_on_wait`]), so polling alone drives a batch to
     /// completion.
     fn poll(&self, ticket: &Ticket) -> bool {
-        match &ticket.inner {
-            TicketInner::Ready(_) | TicketInner::Pending(_) => ticket.is_done(),
-            TicketInner::Inflight(inf) => {
-                for i in 0..inf.items.len() {
-                    if inf.inline[i] && inf.claim(i) {
-                        self.run_sw(inf, i, Inline::Help);
-                    }
-                }
-                inf.done()
+        let TicketInner::Pending(p) = &ticket.inner else { return ticket.is_done() };
+        let Some(EngineBatch(inf)) = (&**p as &dyn Any).downcast_ref::<EngineBatch>() else {
+            return ticket.is_done();
+        };
+        for i in 0..inf.items.len() {
+            if inf.inline[i] && inf.claim(i) {
+                self.run_sw(inf, i, Inline::Help);
             }
         }
+        inf.done()
     }
 
     fn wait(&self, ticket: Ticket) -> Batch {
         match ticket.inner {
-            TicketInner::Inflight(inf) => self.wait_inner(inf),
+            TicketInner::Pending(p) if (&*p as &dyn Any).is::<EngineBatch>() => {
+                let ours = (p as Box<dyn Any>).downcast::<EngineBatch>().expect("checked just above");
+                self.wait_inner(ours.0)
+            }
             inner => Ticket { inner }.finish_foreign(),
         }
+    }
+}
+
+/// A batch on the engines, as its ticket holds it. Another device's waiter
+/// gets what the engines started, and the rest unrun ([`Inflight::abandon`]).
+#[derive(Debug)]
+struct EngineBatch(Arc<Inflight>);
+
+impl PendingBatch for EngineBatch {
+    fn is_done(&self) -> bool {
+        self.0.done()
+    }
+
+    fn finish(self: Box<Self>) -> Batch {
+        self.0.abandon()
     }
 }
 
@@ -708,14 +727,18 @@ mod loom_model {
     use crate::codec::CodecSpec;
 
     fn page() -> Vec<u8> {
-        (0..crate::PAGE_SIZE).map(|i| (i / 64) as u8).collect()
+        (0..zmem_common::PAGE_SIZE).map(|i| (i / 64) as u8).collect()
     }
 
     fn inflight() -> Arc<Inflight> {
         Arc::new(Inflight {
             op: Op::Compress,
-            items: vec![sync::Mutex::new(Slot { src: Arc::new(page()), dst: vec![0; crate::PAGE_SIZE], result: None })],
-            rooms: vec![crate::PAGE_SIZE],
+            items: vec![sync::Mutex::new(Slot {
+                src: Arc::new(page()),
+                dst: vec![0; zmem_common::PAGE_SIZE],
+                result: None,
+            })],
+            rooms: vec![zmem_common::PAGE_SIZE],
             claimed: vec![sync::AtomicBool::new(false)],
             finished: vec![sync::AtomicBool::new(false)],
             engine_of: vec![0],
@@ -739,7 +762,7 @@ mod loom_model {
     }
 
     fn want() -> Vec<u8> {
-        let mut d = vec![0u8; crate::PAGE_SIZE];
+        let mut d = vec![0u8; zmem_common::PAGE_SIZE];
         let n = lz4().compress(&page(), &mut d).unwrap();
         d.truncate(n);
         d

@@ -1,7 +1,8 @@
 //! Bad names, levels and batch sizes give clear errors that list the choices.
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::engines::{Engines, EnginesConfig};
-use zmem_compress::{Batch, BatchCompressor, CodecSpec, Error, Sequential, PAGE_SIZE};
+use zmem_compress::{Batch, BatchCompressor, CodecSpec, Error, Sequential};
 
 #[test]
 fn unknown_codec_lists_valid_ones() {

@@ -1,7 +1,8 @@
 //! Round-trips, Poor on incompressible pages, corrupt and truncated input.
 
 use proptest::prelude::*;
-use zmem_compress::{CompressError, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_compress::CompressError;
 
 use crate::util::{all_specs, corpus, decode_guarded, random_bytes};
 

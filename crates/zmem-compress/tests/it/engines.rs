@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::engines::{Engines, EnginesConfig, WqMode};
 use zmem_compress::{
     Batch, BatchCompressor, CodecSpec, CompressError, Compressor, DecompressError, EngineStats, ItemError, Sequential,
-    PAGE_SIZE,
 };
 
 use crate::util::corpus;

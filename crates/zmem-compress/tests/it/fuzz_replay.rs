@@ -48,7 +48,7 @@ fn decoder_corpora_replay_cleanly() {
 #[test]
 #[ignore = "rewrites fuzz/corpus; run by hand"]
 fn regenerate_fuzz_seeds() {
-    use zmem_compress::PAGE_SIZE;
+    use zmem_common::PAGE_SIZE;
     let corpus = crate::util::corpus();
     for name in ["lz4", "zstd", "deflate", "lzo", "lzo-rle"] {
         let spec: zmem_compress::CodecSpec = name.parse().unwrap();

@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_compress::CodecSpec;
 
 use crate::util::corpus;
 

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use zmem_compress::{CodecSpec, CompressError, PAGE_SIZE};
+use zmem_common::PAGE_SIZE;
+use zmem_compress::{CodecSpec, CompressError};
 
 use crate::util::corpus;
 

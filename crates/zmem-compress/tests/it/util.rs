@@ -1,5 +1,6 @@
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_compress::{CodecSpec, PAGE_SIZE};
+use zmem_compress::CodecSpec;
 
 /// Every codec, at the levels the suite covers.
 pub fn all_specs() -> Vec<CodecSpec> {

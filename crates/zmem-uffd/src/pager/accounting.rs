@@ -8,7 +8,7 @@ use zmem_common::{unpoison, LockExt};
 
 use super::stats::inc;
 use super::{Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 impl Inner {
     pub(super) fn usage(&self) -> usize {

@@ -9,7 +9,7 @@
 //! adopted (a heap that grew), less what it must never manage:
 //! - zmem's own memory and its threads' stacks, the program's thread
 //!   stacks unless [`AdoptConfig::stacks`], and what the program locked
-//!   (`zmem_common::owned`; the shim records `mlock`s and `MAP_LOCKED`), or
+//!   (`zmem_common::host::owned`; the shim records `mlock`s and `MAP_LOCKED`), or
 //!   everything new once it called `mlockall` ([`Pager::stop_adopting`]);
 //! - what a region already covers;
 //! - shared, file-backed, device and hugetlb mappings (not anonymous);
@@ -47,16 +47,16 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use zmem_common::owned::{self, Kind};
+use zmem_common::host::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
 
 use super::fault::{Load, Served};
 use super::region::{Within, FOLIO_TABLE_BYTES};
 use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};
-use crate::mapping::PAGE_SIZE;
 use crate::pagemap::PageMap;
 use crate::vmas::{self, StaticData};
+use zmem_common::PAGE_SIZE;
 
 /// Pages read from `/proc/self/pagemap` per `pread`.
 const PAGEMAP_CHUNK: usize = 4096;

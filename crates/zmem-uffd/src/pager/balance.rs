@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Inner;
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// How often the share is looked at, and may grow.
 pub(super) const BALANCE_INTERVAL: Duration = Duration::from_millis(50);

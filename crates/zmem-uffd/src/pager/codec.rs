@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::stats::inc;
 use super::Inner;
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// How often the counters are looked at.
 const INTERVAL: Duration = Duration::from_secs(1);

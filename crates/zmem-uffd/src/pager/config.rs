@@ -6,8 +6,8 @@ use thiserror::Error;
 use zmem_common::{defaults, ConfigError};
 use zmem_tier::{TierConfig, TierError};
 
-use crate::mapping::PAGE_SIZE;
 use crate::sys::{Features, Uffd, UffdError};
+use zmem_common::PAGE_SIZE;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]

@@ -7,7 +7,7 @@ use zmem_common::{LockExt, RwLockExt};
 use super::region::Within;
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 impl Inner {
     /// The program unmapped `[start, end)`: the parts of regions in it are

@@ -12,9 +12,9 @@ use zmem_tier::{StoreOutcome, StoreRequest, TierError};
 use super::staging::Staging;
 use super::stats::inc;
 use super::{Folio, Held, Inner, Pass, RegionState, Staged};
-use crate::mapping::PAGE_SIZE;
 use crate::pagemap::{SharedPages, WriteTracker};
 use crate::sys::UffdError;
+use zmem_common::PAGE_SIZE;
 
 /// The most folios `Inner::cow_broken` holds before it starts again (a
 /// folio forgotten there costs one more COW break).

@@ -11,8 +11,8 @@ use zmem_tier::LoadOutcome;
 use super::readahead::{At, ReadAhead, STRAY_AHEAD};
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
 use crate::sys::{Event, UffdError};
+use zmem_common::PAGE_SIZE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Load {
@@ -111,8 +111,8 @@ impl Inner {
             let spinning = idle && follow.pinned().is_none() && spin.spinning(Instant::now());
             if !spinning && carry.is_empty() {
                 // Before it blocks: a TLS vector glibc moved meanwhile is
-                // locked before reclaim can evict it (`zmem_common::tls`).
-                zmem_common::tls::keep_resident();
+                // locked before reclaim can evict it (`zmem_common::host::tls`).
+                zmem_common::host::tls::keep_resident();
                 let timeout = if pending.is_empty() { Duration::from_millis(50) } else { Duration::from_micros(50) };
                 if self.uffd.wait(Some(timeout)).is_err() {
                     return;
@@ -532,7 +532,7 @@ impl Inner {
         // this returns, and it may be that forking thread (or, with
         // `fork_event`, the fork waits for this handler to read its event).
         // A skipped fill costs only the faults it would have saved.
-        let Some(own) = zmem_common::owned::try_overlapping(page, end) else { return };
+        let Some(own) = zmem_common::host::owned::try_overlapping(page, end) else { return };
         for (a, _, _) in own {
             if a <= page {
                 return;

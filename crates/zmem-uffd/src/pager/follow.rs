@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::thread::CpuSet;
-use zmem_common::fds::{open_kept, KeptFd, Wait};
+use zmem_common::host::fds::{open_kept, KeptFd, Wait};
 
 /// How often the handler looks at whom it serves.
 const WINDOW: Duration = Duration::from_millis(4);
@@ -142,7 +142,7 @@ pub(super) struct Follow {
     hits: u32,
     total: u32,
     /// The stat file of the thread followed last, kept open (and kept from
-    /// the program's `close`, see `zmem_common::fds`): opened once per
+    /// the program's `close`, see `zmem_common::host::fds`): opened once per
     /// thread, not once per window.
     stat: Option<(u32, KeptFd)>,
 }
@@ -340,7 +340,7 @@ impl Follow {
             let mut path = [0u8; 48];
             let n = task_stat_path(tid, &mut path);
             let path = CStr::from_bytes_with_nul(&path[..n]).ok()?;
-            // Not while the program closes descriptors (`zmem_common::fds`):
+            // Not while the program closes descriptors (`zmem_common::host::fds`):
             // the handler never waits for that.
             let open = || rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty());
             let fd = open_kept(Wait::No, rustix::io::Errno::AGAIN, open).ok()?;

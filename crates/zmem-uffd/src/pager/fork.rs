@@ -63,11 +63,11 @@ impl Pager {
     /// The pager is never used or dropped afterwards (the caller leaks it):
     /// its descriptors' numbers may be reused by anything.
     pub unsafe fn abandon_in_child(&self) {
-        // Every descriptor a pager keeps open is in `zmem_common::fds`
+        // Every descriptor a pager keeps open is in `zmem_common::host::fds`
         // (its userfaultfd, swap file, pagemap and statm readers), and in a
         // child that abandons its parent's pager, they are all that pager's.
-        let mut fds = [0; zmem_common::fds::SLOTS];
-        let n = zmem_common::fds::take_all(&mut fds);
+        let mut fds = [0; zmem_common::host::fds::SLOTS];
+        let n = zmem_common::host::fds::take_all(&mut fds);
         for &fd in &fds[..n] {
             // The result is not looked at: a descriptor the parent's reclaim
             // thread opened and kept while the fork ran (`/proc/self/maps`,
@@ -95,7 +95,7 @@ impl Pager {
     /// The pager is never used or dropped afterwards (the caller leaks it
     /// and forgets the [`Region`](super::Region)s it made): its
     /// descriptors' numbers may be reused by anything. It is the process's
-    /// only pager: every descriptor in `zmem_common::fds` is closed.
+    /// only pager: every descriptor in `zmem_common::host::fds` is closed.
     pub unsafe fn let_go(&self) {
         let inner = &self.inner;
         // A forked child may still need the regions' entries.

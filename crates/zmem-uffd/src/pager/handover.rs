@@ -59,8 +59,8 @@ use zmem_tier::{Exported, LoadOutcome};
 
 use super::stats::inc;
 use super::{Folio, Inner, Pager, PagerConfig, PagerError, RegionState};
-use crate::mapping::PAGE_SIZE;
 use crate::sys::{Event, Features, Uffd, UffdError};
+use zmem_common::PAGE_SIZE;
 
 /// How long the parent serves a child that has not asked for its memory
 /// before it copies the memory into it and lets go.
@@ -201,7 +201,7 @@ impl Pager {
         // while the parent still serves this process's faults: what thread
         // start-up reads is then in place, and stays (nothing evicts here
         // until the pager below runs).
-        zmem_common::thread::spawn(std::thread::Builder::new().name("zmem-warmup".into()), || {})
+        zmem_common::host::thread::spawn(std::thread::Builder::new().name("zmem-warmup".into()), || {})
             .and_then(|t| t.join().map_err(|_| std::io::Error::other("it panicked")))
             .map_err(|e| io_err("a thread before the hand-over", e))?;
         rustix::net::send(&link, REQUEST, SendFlags::empty()).map_err(|e| io_err("asking the parent", e))?;
@@ -254,9 +254,10 @@ impl Inner {
         }
         self.frozen.store(true, Ordering::Release);
         drop(self.reclaim_gate.lock_ok());
-        let pair = zmem_common::fds::open_kept_pair(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
-            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-        });
+        let pair =
+            zmem_common::host::fds::open_kept_pair(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
+                rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            });
         match pair {
             Ok((a, b)) => {
                 *self.link_parent.lock_ok() = Some(a);
@@ -343,7 +344,7 @@ impl Inner {
 
     /// The handler read a FORK event: serve the child until it takes its
     /// memory over (or exits, or times out). See the module's comment.
-    pub(super) fn serve_child(&self, child: zmem_common::fds::KeptFd, bounce: &mut [u8]) {
+    pub(super) fn serve_child(&self, child: zmem_common::host::fds::KeptFd, bounce: &mut [u8]) {
         self.serving_child.store(true, Ordering::Release);
         let link = self.link_parent.lock_ok().take();
         let child = self.uffd.forked(child);
@@ -552,14 +553,15 @@ impl Inner {
     /// Writes the snapshot and sends it with the child's userfaultfd.
     /// Returns the pages in it.
     fn hand_over(&self, child: &Uffd, link: &OwnedFd, edits: &ChildEdits) -> Result<usize, PagerError> {
-        // Kept (`zmem_common::fds`): the program may be closing every
+        // Kept (`zmem_common::host::fds`): the program may be closing every
         // descriptor meanwhile.
-        let memfd = zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
-            rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
-        })
-        .map_err(|e| io_err("memfd_create", e))?;
+        let memfd =
+            zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
+                rustix::fs::memfd_create("zmem-fork", rustix::fs::MemfdFlags::CLOEXEC)
+            })
+            .map_err(|e| io_err("memfd_create", e))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, memfd);
-        let w = |out: &mut std::io::BufWriter<zmem_common::fds::KeptFd>, b: &[u8]| {
+        let w = |out: &mut std::io::BufWriter<zmem_common::host::fds::KeptFd>, b: &[u8]| {
             out.write_all(b).map_err(|e| io_err("writing the snapshot", e))
         };
         w(&mut out, &MAGIC.to_ne_bytes())?;
@@ -590,7 +592,7 @@ impl Inner {
         let mut batch: Vec<(u64, u64, Option<Vec<u8>>)> = Vec::with_capacity(EXPORT_BATCH);
         let mut pages = 0;
         let mut flush = |batch: &mut Vec<(u64, u64, Option<Vec<u8>>)>,
-                         out: &mut std::io::BufWriter<zmem_common::fds::KeptFd>| {
+                         out: &mut std::io::BufWriter<zmem_common::host::fds::KeptFd>| {
             let keys: Vec<u64> = batch.iter().map(|b| b.0).collect();
             let exported = self.tier.export_many(&keys);
             for ((_, ca, held), e) in batch.drain(..).zip(exported) {

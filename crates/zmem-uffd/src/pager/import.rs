@@ -9,7 +9,7 @@ use zmem_tier::Exported;
 
 use super::handover::{io_err, Snapshot, MAGIC, VERSION};
 use super::{Inner, PagerError};
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// A snapshot's page records: address, kind, bytes.
 type Records<'a> = Vec<(u64, u8, &'a [u8])>;

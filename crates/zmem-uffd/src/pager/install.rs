@@ -9,8 +9,8 @@ use super::fault::Served;
 use super::readahead::REFAULT_PROTECT;
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
 use crate::sys::UffdError;
+use zmem_common::PAGE_SIZE;
 
 impl Inner {
     /// COPYs a folio, stepping over pages that are still mapped (EEXIST),

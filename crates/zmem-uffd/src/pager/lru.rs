@@ -239,12 +239,12 @@ impl Inner {
         let fs = self.cfg.folio_size;
         // A folio holding a zmem thread's TLS vector (in a program whose
         // executable has its own malloc) stays resident: off the lists for
-        // good (`zmem_common::tls`).
+        // good (`zmem_common::host::tls`).
         let live = |(st, f): &(Arc<RegionState>, usize)| {
             st.folio(*f) == Folio::Resident
                 && !st.poisoned[*f].load(Ordering::Relaxed)
                 && (st.adopted || st.mapping.lock().is_ok_and(|m| m.is_some()))
-                && !zmem_common::tls::pinned(st.start.load(Ordering::Acquire) + (*f * fs) as u64, fs)
+                && !zmem_common::host::tls::pinned(st.start.load(Ordering::Acquire) + (*f * fs) as u64, fs)
         };
         // Folios written since a load kept their entries: those entries are
         // stale now, and are dropped once the list's lock is let go.

@@ -155,8 +155,8 @@ use staging::Staging;
 use stats::Counters;
 pub use stats::{PagerStats, REFAULT_BUCKETS};
 
-use crate::mapping::PAGE_SIZE;
 use crate::sys::{RegisterMode, Uffd, UffdError};
+use zmem_common::PAGE_SIZE;
 
 /// A folio's state (one byte per folio in its region's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,7 +217,7 @@ struct Inner {
     tracking: bool,
     /// This process's maps file (`vmas::open_maps`), or why it could not
     /// be opened: for the scans, and for the mapping around an address.
-    maps: Result<zmem_common::fds::KeptFd, rustix::io::Errno>,
+    maps: Result<zmem_common::host::fds::KeptFd, rustix::io::Errno>,
     next_region: AtomicU32,
     counters: Counters,
     stop: AtomicBool,
@@ -326,8 +326,8 @@ struct Inner {
     /// hand-over goes through, made by `fork_prepare`; the parent's end is
     /// taken by the handler as it reads the FORK event, the child's by the
     /// child (and closed by the parent step). See `handover.rs`.
-    link_parent: Mutex<Option<zmem_common::fds::KeptFd>>,
-    link_child: Mutex<Option<zmem_common::fds::KeptFd>>,
+    link_parent: Mutex<Option<zmem_common::host::fds::KeptFd>>,
+    link_child: Mutex<Option<zmem_common::host::fds::KeptFd>>,
     /// `handover::Fork` as a number: where the last fork is.
     fork_state: std::sync::atomic::AtomicU8,
     /// The handler is serving a forked child until it hands over: nothing
@@ -745,8 +745,8 @@ fn spawn_threads(inner: &Arc<Inner>, staging: Staging) -> Result<Vec<std::thread
         let init = inner.cfg.thread_init;
         let me = Arc::clone(inner);
         // With the program's signals blocked: its handlers must never
-        // run here (see `zmem_common::thread`).
-        zmem_common::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
+        // run here (see `zmem_common::host::thread`).
+        zmem_common::host::thread::spawn(std::thread::Builder::new().name(name.clone()), move || {
             if let Some(init) = init {
                 init();
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::fault::{Load, Served};
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// Read-ahead, per handler thread: a fault that loads the folio right after (or
 /// right before) the last one a stream loaded in the same region loads the next

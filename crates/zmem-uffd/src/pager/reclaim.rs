@@ -13,9 +13,9 @@ use super::lru::{SHARED_RESCAN, UNEVICTABLE_RESCAN};
 use super::staging::Staging;
 use super::stats::inc;
 use super::{Inner, Pass};
-use crate::mapping::PAGE_SIZE;
 use crate::pagemap::WriteTracker;
 use crate::sys::UffdError;
+use zmem_common::PAGE_SIZE;
 
 /// How often idle reclaim recompresses, and at most how many pages each
 /// time: ~2,000 pages a second is ~30 ms of zstd:1 on this machine (the
@@ -51,7 +51,7 @@ struct Reclaimer {
     scanned_at: Option<Instant>,
     scanned_rss: usize,
     /// `/proc/thread-self/statm`, kept open, with adoption on.
-    statm: Option<zmem_common::fds::KeptFd>,
+    statm: Option<zmem_common::host::fds::KeptFd>,
     recompress: Option<zmem_tier::CodecSpec>,
     recompressed_at: Instant,
     chores: Chores,
@@ -97,7 +97,7 @@ impl Inner {
             scanned_rss: 0,
             statm: self.cfg.adopt.as_ref().and_then(|_| {
                 use rustix::fs::{Mode, OFlags};
-                zmem_common::fds::open_kept(zmem_common::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
+                zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
                     rustix::fs::open("/proc/thread-self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
                 })
                 .ok()
@@ -108,8 +108,8 @@ impl Inner {
         };
         loop {
             self.rescans(&mut r);
-            // Before it waits (`zmem_common::tls`).
-            zmem_common::tls::keep_resident();
+            // Before it waits (`zmem_common::host::tls`).
+            zmem_common::host::tls::keep_resident();
             {
                 let mut k = self.kick.0.lock_ok();
                 if !*k {
@@ -367,10 +367,9 @@ impl Inner {
 
 /// The process's resident bytes, from `/proc/self/statm` (its second
 /// field, in pages): one `pread`, no allocation.
-fn resident_bytes(statm: &zmem_common::fds::KeptFd) -> Option<usize> {
+fn resident_bytes(statm: &zmem_common::host::fds::KeptFd) -> Option<usize> {
     let mut buf = [0u8; 128];
     let n = rustix::io::pread(statm, &mut buf, 0).ok()?;
-    let field = buf[..n].split(|&c| c == b' ').nth(1)?;
-    let pages = std::str::from_utf8(field).ok()?.parse::<usize>().ok()?;
+    let pages = zmem_common::procfs::statm_field(std::str::from_utf8(&buf[..n]).ok()?, 1)?;
     Some(pages * PAGE_SIZE)
 }

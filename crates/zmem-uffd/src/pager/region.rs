@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use super::{Folio, Inner, Pager, PagerError};
-use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::mapping::Mapping;
 use crate::sys::{Uffd, UffdError};
+use zmem_common::PAGE_SIZE;
 
 /// A region's bookkeeping: 3 bytes per folio.
 #[derive(Debug)]
@@ -352,7 +353,7 @@ impl Drop for Region {
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock_ok().take() {
-            zmem_common::owned::remove(m.addr());
+            zmem_common::host::owned::remove(m.addr());
             std::mem::forget(m);
             for (a, b) in mapped {
                 // SAFETY: [addr + a, addr + b) is part of this region's

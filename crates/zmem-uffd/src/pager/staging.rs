@@ -20,9 +20,10 @@
 //! ([`Staging::make_room`]), or when reclaim stops for now
 //! ([`Staging::release`]), so no stale copy outlives a burst of reclaim.
 
-use crate::mapping::{Mapping, PAGE_SIZE};
+use crate::mapping::Mapping;
 use crate::pagemap::{PageMap, SharedPages};
 use crate::sys::{RegisterMode, Uffd, UffdError};
+use zmem_common::PAGE_SIZE;
 
 /// The most bytes the staging area holds: as many passes as fit, each
 /// pass's slots after the last's, freed together. 2 MiB is four passes of

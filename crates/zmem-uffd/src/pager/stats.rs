@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Pager;
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// Buckets of [`PagerStats::refault_distance`].
 pub const REFAULT_BUCKETS: usize = 7;

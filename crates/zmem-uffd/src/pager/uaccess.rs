@@ -20,7 +20,7 @@ use zmem_common::{LockExt, RwLockExt};
 
 use super::region::RegionState;
 use super::{Folio, Inner, Pager};
-use crate::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 
 /// Where the next pager's epoch starts: each a 2^48 step apart, so that
 /// no two pagers of a process (a new one after `single_threaded`, a

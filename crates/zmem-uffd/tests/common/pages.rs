@@ -3,8 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use zmem_common::PAGE_SIZE;
 use zmem_compress::corpus::Corpus;
-use zmem_uffd::mapping::PAGE_SIZE;
 use zmem_uffd::Region;
 
 pub const WORDS: usize = PAGE_SIZE / 8;

@@ -22,7 +22,7 @@ mod staging;
 use child::{alone, in_child, run_child};
 use common::watchdog;
 use pages::{check_page, write_page, WORDS};
-use zmem_uffd::mapping::PAGE_SIZE;
+use zmem_common::PAGE_SIZE;
 use zmem_uffd::{Pager, PagerConfig, Region};
 
 /// A pager under `cfg` with a 32 MiB region written with `v`, evicted down

@@ -177,7 +177,7 @@ pub struct ForkGuard {
 pub fn fork_lock() -> ForkGuard {
     let _spawns = scan_lock();
     let _ranges = RANGES.lock_ok();
-    ForkGuard { _ranges, _spawns, _pins: crate::tls::fork_lock() }
+    ForkGuard { _ranges, _spawns, _pins: super::tls::fork_lock() }
 }
 
 #[cfg(test)]

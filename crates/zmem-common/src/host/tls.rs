@@ -16,7 +16,7 @@
 //! So each zmem thread's DTV is *pinned*: its pages go in a list that the
 //! pager's reclaim consults, and a folio holding a pinned page is never
 //! evicted ([`pinned`]). The spawner pins it as the thread starts
-//! ([`crate::thread::spawn`]), and the thread pins it again wherever glibc
+//! ([`super::thread::spawn`]), and the thread pins it again wherever glibc
 //! may have moved it (a DTV grows, by a new `malloc`, when a `dlopen` adds
 //! TLS modules past its room) before it blocks ([`keep_resident`]). A
 //! vector left behind stays pinned (a few pages at most). `mlock` was the
@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(mine, via);
         assert!(pinned(mine as u64, 16), "its DTV is pinned");
         assert!(!pinned(8 << 20, 4096), "a page of nobody's is not");
-        let t = crate::thread::spawn(std::thread::Builder::new(), || {
+        let t = crate::host::thread::spawn(std::thread::Builder::new(), || {
             let d = imp::own_dtv();
             (d, pinned(d as u64 - 16, 32))
         })

@@ -40,12 +40,12 @@ where
     // thread faults on it before it runs a line of its own.
     let r = builder.spawn(move || {
         let _listed = Listed::me();
-        crate::tls::keep_resident();
+        super::tls::keep_resident();
         f()
     });
     if let Ok(t) = &r {
         use std::os::unix::thread::JoinHandleExt;
-        crate::tls::pin_thread(t.as_pthread_t());
+        super::tls::pin_thread(t.as_pthread_t());
     }
     r
 }
