@@ -4,7 +4,8 @@ use std::ffi::{c_int, c_void};
 
 use crate::errno::set_errno;
 use crate::guard::guarded;
-use crate::init::{lookup, managed_alloc, managed_free, shim};
+use crate::init::{managed_alloc, shim};
+use crate::state::{lookup, managed_free};
 use crate::stats::stats_json;
 
 /// A program that calls the API asks for a pager: one that waits to start

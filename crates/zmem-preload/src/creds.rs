@@ -122,7 +122,7 @@ set_ids! {
 #[no_mangle]
 pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     // SAFETY: the kernel's capset with the caller's arguments.
-    let call = || unsafe { crate::sandbox::direct(libc::SYS_capset, [header as c_long, data as c_long, 0, 0, 0, 0]) };
+    let call = || unsafe { crate::errno::direct(libc::SYS_capset, [header as c_long, data as c_long, 0, 0, 0, 0]) };
     capabilities_set(call) as c_int
 }
 

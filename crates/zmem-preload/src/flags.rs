@@ -39,6 +39,11 @@ pub(crate) fn set_thread_kind(k: u8) {
     unsafe { zmem_flag_set_thread_kind(k) };
 }
 
+/// Marks the calling thread as zmem's (its threads call it first thing).
+pub(crate) fn mark_zmem_thread() {
+    set_thread_kind(2);
+}
+
 /// Entries of [`mapped_ranges`].
 pub(crate) const MAPPED_RANGES: usize = 4;
 

@@ -8,7 +8,8 @@ use zmem_common::RwLockExt;
 use zmem_uffd::tree::Warning;
 
 use crate::guard::guarded;
-use crate::init::{current, install, start, Table, CHILD, CURRENT, LOCKED_ALL, REGIONS};
+use crate::init::start;
+use crate::state::{current, install, Table, CHILD, CURRENT, LOCKED_ALL, REGIONS};
 
 /// What the forking thread holds from the prepare step of fork to its
 /// parent or child step: no region is made or freed meanwhile, no range of

@@ -15,7 +15,7 @@ pub(crate) fn in_zmem() -> bool {
 /// Marks the calling thread as zmem's own: its allocations are never managed.
 pub fn mark_internal_thread() {
     crate::flags::replace_in_zmem(true);
-    crate::next::mark_zmem_thread();
+    crate::flags::mark_zmem_thread();
 }
 
 /// Runs `f` with the reentrancy flag set, catching any panic: nothing may

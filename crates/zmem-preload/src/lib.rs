@@ -50,10 +50,14 @@
 //! itself in the tree and its stats thread looks.
 //!
 //! # Files
-//! - `init.rs`: the running shim, its start, the managed-mapping table;
-//!   `fork.rs`: fork's three steps; `waiting.rs`: a pager that starts late;
-//!   `modes.rs`: `unshare`, `setns`, seccomp and `chroot` (zmem out of the
-//!   way, or started first); `ns.rs`: the `unshare` and `setns` interposers.
+//! - The process's life cycle: `init.rs`, the shim's start; `fork.rs`:
+//!   fork's three steps; `waiting.rs`: a pager that starts late; `modes.rs`:
+//!   `unshare`, `setns`, seccomp and `chroot` (zmem out of the way, or
+//!   started first); `ns.rs`: the `unshare` and `setns` interposers. These
+//!   call each other by design: a mode switch stops and restarts the pager
+//!   and the stats thread, and the stats thread drives the waiting state and
+//!   the sandbox checks (`sandbox.rs`, `coredump.rs`, `creds.rs` too).
+//! - `state.rs`: the running shim and the managed-mapping table, a leaf.
 //! - `mmap.rs`, `malloc.rs`, `heap.rs`, `next.rs`: the interposed memory
 //!   calls, zmem's own heap, the program's allocator.
 //! - `threads.rs`, `tasks.rs`: the program's threads and their stacks.
@@ -62,8 +66,9 @@
 //!   that change credentials, sandboxes, programs and descriptors.
 //! - `stats.rs`, `meminfo.rs`, `sysmem.rs`: the stats file and what the
 //!   program is told of memory; `coredump.rs`: memory back before a dump.
-//! - Leaves: `guard.rs` (reentrancy, panics), `flags.rs` (per-thread
-//!   flags), `errno.rs`; `capi.rs`: `include/zmem.h`.
+//! - Leaves: `state.rs`, `guard.rs` (reentrancy, panics), `flags.rs`
+//!   (per-thread flags), `errno.rs` (`errno`, raw system calls); `capi.rs`:
+//!   `include/zmem.h`.
 //!
 //! # Partial munmap
 //! Unmapping part of a managed mapping drops its pages (`MADV_DONTNEED`, so
@@ -89,6 +94,7 @@ mod modes;
 mod next;
 mod ns;
 mod sandbox;
+mod state;
 mod stats;
 mod stdio;
 mod sysmem;

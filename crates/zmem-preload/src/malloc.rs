@@ -10,8 +10,9 @@ use zmem_common::RwLockExt;
 use crate::errno::set_errno;
 use crate::guard::guarded;
 use crate::heap;
-use crate::init::{adopts_chunks, current, lookup, managed_alloc, managed_free, threshold, wants_malloc, REGIONS};
+use crate::init::managed_alloc;
 use crate::next::{self, allocator, Allocator};
+use crate::state::{adopts_chunks, current, lookup, managed_free, threshold, wants_malloc, REGIONS};
 use zmem_common::PAGE_SIZE;
 
 extern "C" {

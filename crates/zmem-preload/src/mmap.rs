@@ -6,7 +6,8 @@ use zmem_common::RwLockExt;
 
 use crate::errno::set_errno;
 use crate::guard::guarded;
-use crate::init::{current, lookup, managed_alloc, managed_free, wants, REGIONS};
+use crate::init::managed_alloc;
+use crate::state::{current, lookup, managed_free, wants, REGIONS};
 use zmem_common::PAGE_SIZE;
 
 pub(crate) fn raw_mmap(
@@ -49,7 +50,7 @@ pub unsafe extern "C" fn mmap(
         let _recording = guarded(zmem_common::host::owned::spawn_lock);
         let p = raw_mmap(addr, len, prot, flags, fd, off);
         if p != libc::MAP_FAILED {
-            crate::init::locked(p as usize, len);
+            crate::state::locked(p as usize, len);
         }
         return p;
     }
@@ -197,7 +198,7 @@ pub unsafe extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
     // SAFETY: the kernel's mlock with the caller's arguments.
     let r = unsafe { libc::syscall(libc::SYS_mlock, addr, len) } as c_int;
     if r == 0 {
-        crate::init::locked(addr as usize, len);
+        crate::state::locked(addr as usize, len);
     }
     r
 }
@@ -207,7 +208,7 @@ pub unsafe extern "C" fn mlock2(addr: *const c_void, len: usize, flags: libc::c_
     // SAFETY: the kernel's mlock2 with the caller's arguments.
     let r = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) } as c_int;
     if r == 0 {
-        crate::init::locked(addr as usize, len);
+        crate::state::locked(addr as usize, len);
     }
     r
 }
@@ -217,7 +218,7 @@ pub unsafe extern "C" fn munlock(addr: *const c_void, len: usize) -> c_int {
     // SAFETY: the kernel's munlock with the caller's arguments.
     let r = unsafe { libc::syscall(libc::SYS_munlock, addr, len) } as c_int;
     if r == 0 {
-        crate::init::unlocked(addr as usize);
+        crate::state::unlocked(addr as usize);
     }
     r
 }
@@ -229,7 +230,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     // SAFETY: the kernel's mlockall with the caller's argument.
     let r = unsafe { libc::syscall(libc::SYS_mlockall, flags) } as c_int;
     if r == 0 {
-        crate::init::locked_all(flags);
+        crate::state::locked_all(flags);
     }
     r
 }

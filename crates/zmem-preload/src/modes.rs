@@ -8,7 +8,8 @@ use zmem_uffd::tree::Warning;
 
 use crate::errno::{keeping_errno, set_errno};
 use crate::guard::guarded;
-use crate::init::{current, install, program, start, start_late, warn_unmanaged, Shim, CURRENT, REGIONS, SHIM_PID};
+use crate::init::{program, start, start_late, warn_unmanaged};
+use crate::state::{current, install, Shim, CURRENT, REGIONS, SHIM_PID};
 use crate::tasks::{keep_self_stat, others_than_zmem, threads};
 
 /// Runs `f` (`unshare(CLONE_NEWUSER)`, `setns` into a user namespace) with

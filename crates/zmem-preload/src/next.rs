@@ -84,17 +84,12 @@ pub(crate) fn zmem_thread() -> bool {
     }
 }
 
-/// Marks the calling thread as zmem's (its threads call it first thing).
-pub(crate) fn mark_zmem_thread() {
-    crate::flags::set_thread_kind(2);
-}
-
 /// Which allocator serves a new allocation: zmem's heap on zmem's threads
 /// and inside the shim (glibc's own allocations for a thread zmem starts,
 /// its DTV among them, are made there), else the program's (looked up on
 /// first use).
 pub(crate) fn allocator() -> Allocator {
-    if crate::guard::in_zmem() || zmem_thread() {
+    if crate::flags::in_zmem() || zmem_thread() {
         return Allocator::Zmem;
     }
     program_allocator()

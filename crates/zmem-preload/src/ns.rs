@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_long};
 #[no_mangle]
 pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
     // SAFETY: the kernel's unshare with the caller's argument.
-    unsharing(flags, || unsafe { crate::sandbox::direct(libc::SYS_unshare, [flags as c_long, 0, 0, 0, 0, 0]) } as c_int)
+    unsharing(flags, || unsafe { crate::errno::direct(libc::SYS_unshare, [flags as c_long, 0, 0, 0, 0, 0]) } as c_int)
 }
 
 /// Makes `call`, an `unshare(flags)` (glibc's, or through its `syscall`),
@@ -31,7 +31,7 @@ pub(crate) fn unsharing<R>(flags: c_int, call: impl FnOnce() -> R) -> R {
 pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
     // SAFETY: the kernel's setns with the caller's arguments.
     let call =
-        || unsafe { crate::sandbox::direct(libc::SYS_setns, [fd as c_long, nstype as c_long, 0, 0, 0, 0]) } as c_int;
+        || unsafe { crate::errno::direct(libc::SYS_setns, [fd as c_long, nstype as c_long, 0, 0, 0, 0]) } as c_int;
     entering_ns(fd, nstype, call)
 }
 

@@ -97,7 +97,7 @@ pub unsafe extern "C" fn syscall(
 ) -> c_long {
     // SAFETY: the caller's system call with the caller's arguments, as
     // glibc's `syscall` would make it.
-    let call = || unsafe { raw(n, [a1, a2, a3, a4, a5, a6]) };
+    let call = || unsafe { crate::errno::raw(n, [a1, a2, a3, a4, a5, a6]) };
     match n {
         libc::SYS_seccomp if installs(a1, a2, a3) => crate::modes::sandboxed(call, |&r| r < 0),
         libc::SYS_chroot | libc::SYS_pivot_root => crate::modes::leaving_root(call, |&r| r < 0),
@@ -108,26 +108,6 @@ pub unsafe extern "C" fn syscall(
         libc::SYS_unshare => crate::ns::unsharing(a1 as c_int, call),
         libc::SYS_setns => crate::ns::entering_ns(a1 as c_int, a2 as c_int, call),
         _ => call(),
-    }
-}
-
-/// The system call `n`, as glibc's `syscall` makes it: `-1` with `errno`
-/// for a result in `[-4095, -1]`. The shim's wrappers make theirs here,
-/// not through `libc::syscall`, which binds to the shim's `syscall` above
-/// (and would take them through what it looks at a second time).
-///
-/// # Safety
-/// What the call does with its arguments is the caller's to answer for.
-pub(crate) unsafe fn direct(n: c_long, a: [c_long; 6]) -> c_long {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the caller's contract.
-        unsafe { raw(n, a) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        // SAFETY: the caller's contract.
-        unsafe { libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]) }
     }
 }
 
@@ -142,41 +122,8 @@ pub(crate) unsafe fn direct(n: c_long, a: [c_long; 6]) -> c_long {
 pub unsafe extern "C" fn chroot(path: *const std::ffi::c_char) -> c_int {
     // SAFETY: the kernel's chroot with the caller's path (a string, or
     // EFAULT); `raw`, not `libc::syscall`, which binds to ours above.
-    let call = || unsafe { raw(libc::SYS_chroot, [path as c_long, 0, 0, 0, 0, 0]) } as c_int;
+    let call = || unsafe { crate::errno::raw(libc::SYS_chroot, [path as c_long, 0, 0, 0, 0, 0]) } as c_int;
     crate::modes::leaving_root(call, |&r| r != 0)
-}
-
-/// The system call `n`.
-///
-/// # Safety
-/// What the call does with its arguments is the caller's to answer for.
-#[cfg(target_arch = "x86_64")]
-unsafe fn raw(n: c_long, a: [c_long; 6]) -> c_long {
-    let r: c_long;
-    // SAFETY: the kernel's x86-64 calling convention: the number in rax,
-    // the arguments in rdi, rsi, rdx, r10, r8 and r9, the result in rax;
-    // rcx and r11 are overwritten. No stack is used. What the call touches
-    // is the caller's contract.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") n => r,
-            in("rdi") a[0],
-            in("rsi") a[1],
-            in("rdx") a[2],
-            in("r10") a[3],
-            in("r8") a[4],
-            in("r9") a[5],
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    if (-4095..0).contains(&r) {
-        crate::errno::set_errno(-r as c_int);
-        return -1;
-    }
-    r
 }
 
 /// Whether a seccomp filter this process started under (an exec inside a
@@ -250,7 +197,7 @@ fn probe() {
     // each call works on descriptors and a mapping of the child's own, and
     // on `page` and `buf`, on its stack, no larger than the kernel reads
     // or writes (at most 120 bytes into `buf`, one page from `page`).
-    let call = |n: c_long, a: [c_long; 6]| unsafe { raw(n, a) };
+    let call = |n: c_long, a: [c_long; 6]| unsafe { crate::errno::raw(n, a) };
     let cloexec = libc::O_CLOEXEC as c_long;
     let mut fd = call(libc::SYS_userfaultfd, [cloexec | libc::O_NONBLOCK as c_long, 0, 0, 0, 0, 0]);
     let dev = call(
@@ -480,9 +427,9 @@ mod tests {
     #[test]
     fn the_syscall_wrapper_returns_as_glibc_does() {
         // SAFETY: getpid takes no arguments.
-        assert_eq!(unsafe { raw(libc::SYS_getpid, [0; 6]) }, std::process::id() as c_long);
+        assert_eq!(unsafe { crate::errno::raw(libc::SYS_getpid, [0; 6]) }, std::process::id() as c_long);
         // SAFETY: close of a descriptor that is not open.
-        assert_eq!(unsafe { raw(libc::SYS_close, [-1, 0, 0, 0, 0, 0]) }, -1);
+        assert_eq!(unsafe { crate::errno::raw(libc::SYS_close, [-1, 0, 0, 0, 0, 0]) }, -1);
         assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EBADF));
     }
 }

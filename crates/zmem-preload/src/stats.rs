@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use zmem_common::{stats_files, LockExt};
 
-use crate::init::{current, Shim, LIVE};
+use crate::state::{current, Shim, LIVE};
 
 /// Set for good once the process runs its exit handlers: no stats file is
 /// written from then on.
@@ -116,7 +116,7 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         if let Some(status) = crate::sandbox::program_gone() {
             crate::sandbox::end_as_the_program_did(status);
         }
-        if let Some(name) = crate::init::current().and_then(|s| s.pager.lost_thread()) {
+        if let Some(name) = crate::state::current().and_then(|s| s.pager.lost_thread()) {
             crate::sandbox::lost_pager_thread(&name);
         }
         // While the process waits to start its pager (`waiting.rs`): a

@@ -6,7 +6,8 @@ use std::ffi::{c_char, c_int};
 
 use libc::{size_t, DIR, FILE};
 
-use crate::uaccess::Each;
+/// Where a call's buffers lie: it calls `each(address, length)` for each.
+pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, usize);
 
 /// The start of glibc's `struct _IO_FILE` (`<bits/types/struct_FILE.h>`,
 /// public and stable): the stream's buffer pointers.

@@ -37,7 +37,7 @@ fn shown_limit() -> Option<u64> {
 /// (limit, available) in bytes, if the program is to see the limit.
 pub(crate) fn limit_and_free() -> Option<(u64, u64)> {
     let limit = shown_limit()?;
-    let tree = match crate::init::current() {
+    let tree = match crate::state::current() {
         Some(s) => s.pager.tree().map(|t| (t.limit() as u64, t.usage())),
         None => crate::guard::guarded(crate::waiting::tree_figures).flatten(),
     };

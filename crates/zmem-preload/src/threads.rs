@@ -65,7 +65,7 @@ impl Drop for StackRecord {
         crate::guard::guarded(|| {
             owned::add(addr, len, Kind::CachedStack);
             if self.kind == Kind::Stack {
-                if let Some(s) = crate::init::current().filter(|s| s.settings.stacks) {
+                if let Some(s) = crate::state::current().filter(|s| s.settings.stacks) {
                     s.pager.release(addr, len);
                 }
             }

@@ -41,7 +41,7 @@ use libc::{
     ssize_t, timespec, timeval, DIR, FILE,
 };
 
-use crate::stdio::{c_len, clear_failure, directory, standard_output, stream, stream_failed, Stdio};
+use crate::stdio::{c_len, clear_failure, directory, standard_output, stream, stream_failed, Each, Stdio};
 use zmem_common::PAGE_SIZE;
 
 /// The pager's userfaultfd serves faults from user mode only. Set at its
@@ -86,10 +86,10 @@ fn fault_in_every(p: usize, n: usize) -> bool {
 
 /// [`fault_in`] (`every` false) or [`fault_in_every`] (true).
 fn touch(p: usize, n: usize, every: bool) -> bool {
-    if p == 0 || n == 0 || !crate::init::is_shim_process() {
+    if p == 0 || n == 0 || !crate::state::is_shim_process() {
         return false;
     }
-    let Some(shim) = crate::init::current() else {
+    let Some(shim) = crate::state::current() else {
         return false;
     };
     let (start, end) = (p as u64, (p as u64).saturating_add(n as u64));
@@ -148,9 +148,6 @@ fn remember(start: u64, end: u64, epoch: u64) {
         unsafe { std::ptr::write_volatile(entry.wrapping_add(i), v) };
     }
 }
-
-/// Where a call's buffers lie: it calls `each(address, length)` for each.
-pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, usize);
 
 /// Faults in every buffer `ranges` names, as [`touch`] does one (`every`:
 /// each managed page, after EFAULT); returns whether any page was.

@@ -227,7 +227,7 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     }
     if inline {
         crate::guard::guarded(look);
-        return crate::init::current().is_some();
+        return crate::state::current().is_some();
     }
     let looks = LOOKS.load(Ordering::Acquire);
     crate::stats::wake_thread();
@@ -235,7 +235,7 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     while LOOKS.load(Ordering::Acquire) == looks && Instant::now() < until {
         std::thread::sleep(Duration::from_micros(50));
     }
-    crate::init::current().is_some()
+    crate::state::current().is_some()
 }
 
 /// A look, from the stats thread: publishes the usage, and starts the

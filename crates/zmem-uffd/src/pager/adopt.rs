@@ -50,7 +50,7 @@ use std::time::Duration;
 use zmem_common::host::owned::{self, Kind};
 use zmem_common::{LockExt, RwLockExt};
 
-use super::fault::{Load, Served};
+use super::install::{Load, Served};
 use super::region::{Within, FOLIO_TABLE_BYTES};
 use super::stats::inc;
 use super::{AdoptConfig, Folio, Inner, Pager, PagerError, RegionState};

@@ -5,12 +5,44 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zmem_common::LockExt;
 
-use super::fault::Served;
-use super::readahead::REFAULT_PROTECT;
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
 use crate::sys::UffdError;
 use zmem_common::PAGE_SIZE;
+
+/// The most looks a folio that refaults soon after its eviction may pass
+/// as accessed (`Inner::note_refault`).
+pub(super) const REFAULT_PROTECT: u8 = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    /// A fault that no walk explains: clean entries are kept.
+    Fault,
+    /// A fault that continues a walk of loads, or a folio read ahead of
+    /// one: clean entries are kept, and the folio goes on the once list.
+    Walk,
+    /// A fork's load-back: clean entries are kept at any usage, and the
+    /// folio goes on the once list, as a walk's. The folios were cold; a
+    /// child that execs (most forks) leaves them the parent's alone again,
+    /// and they go out again first, into the entries they left, without
+    /// compressing.
+    Fork,
+    /// Memory given back for good (an adopted region released): entries
+    /// go.
+    Back,
+}
+
+/// What became of a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Served {
+    Done,
+    /// An event is unread (EAGAIN): read events, then try again.
+    Again,
+    /// The folio is being evicted: serve other faults, read events, and
+    /// try this one again. The handler never waits for reclaim, because
+    /// reclaim's MOVEs fail with EAGAIN until the handler reads events.
+    Busy,
+}
 
 impl Inner {
     /// COPYs a folio, stepping over pages that are still mapped (EEXIST),

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::fault::{Load, Served};
+use super::install::{Load, Served};
 use super::stats::inc;
 use super::{Folio, Inner, RegionState};
 use zmem_common::PAGE_SIZE;
@@ -74,10 +74,6 @@ const PREFETCH_WINDOWS: usize = 3;
 /// The fault of a stream (its first is 1) from which on it loads whole
 /// folios and reads ahead (2: at once; 3 took sqlite 31 s, 4 took 9.4 s).
 const CONFIRM: u32 = 4;
-
-/// The most looks a folio that refaults soon after its eviction may pass
-/// as accessed (`Inner::note_refault`).
-pub(super) const REFAULT_PROTECT: u8 = 3;
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Stream {
