@@ -15,7 +15,7 @@ impl Inner {
         // Pages shared with another process are charged to no one (see
         // `Lru::shared`); the count may run behind a folio dropped
         // meanwhile, until the next look.
-        let shared = self.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE;
+        let shared = self.lists.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE;
         // The pools' zspages. Not the free pages the mempool keeps for
         // reuse (a sixteenth of the pool's limit at most, `free_pages_kept`):
         // charged, their count swings by a reclaim batch as writeback frees
@@ -23,7 +23,7 @@ impl Inner {
         // limit loaded 4-5% of its pages twice, not 2-3%, and compressed
         // twice as many).
         self.resident_bytes().saturating_sub(shared)
-            + self.held_bytes.load(Ordering::Relaxed)
+            + self.folios.held_bytes.load(Ordering::Relaxed)
             + self.tier.pool_total_size()
             + self.metadata()
     }
@@ -31,22 +31,22 @@ impl Inner {
     /// Bytes of resident folios, less the pages partial loads left in the
     /// tier.
     pub(super) fn resident_bytes(&self) -> usize {
-        let folios = self.resident.load(Ordering::Relaxed) * self.cfg.folio_size;
-        folios.saturating_sub(self.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE)
+        let folios = self.acct.resident.load(Ordering::Relaxed) * self.cfg.folio_size;
+        folios.saturating_sub(self.folios.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE)
     }
 
     pub(super) fn metadata(&self) -> usize {
-        self.tables.load(Ordering::Relaxed) + self.list_metadata() + self.tier.entry_metadata_bytes()
+        self.folios.tables.load(Ordering::Relaxed) + self.list_metadata() + self.tier.entry_metadata_bytes()
     }
 
     /// The reclaim lists' items.
     pub(super) fn list_metadata(&self) -> usize {
-        self.lru_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
+        self.lists.lru_len.load(Ordering::Relaxed) * std::mem::size_of::<(Arc<RegionState>, usize)>()
     }
 
     /// The limit that applies now (see `refresh_limit`).
     pub(super) fn limit(&self) -> usize {
-        self.limit_now.load(Ordering::Relaxed)
+        self.acct.limit_now.load(Ordering::Relaxed)
     }
 
     /// In a process tree: publishes this process's usage and takes its
@@ -58,10 +58,10 @@ impl Inner {
     /// each process's pool could grow past its share, and with nothing
     /// left to evict, no store would come to write it back.
     pub(super) fn refresh_limit(&self) {
-        if let Some(m) = &self.member {
+        if let Some(m) = &self.acct.member {
             let floor = self.share_floor();
             let share = m.publish(self.usage(), floor);
-            let old = self.limit_now.swap(share, Ordering::Relaxed);
+            let old = self.acct.limit_now.swap(share, Ordering::Relaxed);
             if share != old {
                 self.apply_pool_share();
             }
@@ -86,11 +86,11 @@ impl Inner {
     /// when it was set, so a second is not: each notify is a futex call,
     /// and a fault above the high watermark kicks (per fault).
     pub(super) fn kick_reclaim(&self) {
-        let mut k = self.kick.0.lock_ok();
+        let mut k = self.acct.kick.0.lock_ok();
         if !*k {
             *k = true;
             drop(k);
-            self.kick.1.notify_one();
+            self.acct.kick.1.notify_one();
         }
     }
 
@@ -98,14 +98,14 @@ impl Inner {
     /// limit wait for it a little (direct reclaim, bounded), unless the
     /// limit is soft.
     pub(super) fn throttle(&self) {
-        if self.frozen.load(Ordering::Acquire) {
+        if self.fork.frozen.load(Ordering::Acquire) {
             return; // a fork is being prepared: reclaim waits for it
         }
         self.refresh_limit();
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
-        if self.usage() > self.limit() && !self.soft.load(Ordering::Relaxed) {
+        if self.usage() > self.limit() && !self.acct.soft.load(Ordering::Relaxed) {
             // Direct reclaim, bounded: wait for the reclaimer a little,
             // storing folios of its pass meanwhile (`direct.rs`).
             inc(&self.counters.direct_reclaim_waits);
@@ -130,22 +130,22 @@ impl Inner {
         help: bool,
         cond: impl Fn() -> bool,
     ) {
-        let mut g = self.reclaimed.0.lock_ok();
+        let mut g = self.acct.reclaimed.0.lock_ok();
         *g += 1;
         while cond() && Instant::now() < deadline {
-            if let Some(pass) = help.then(|| self.pass_stores.lock_ok().clone()).flatten() {
+            if let Some(pass) = help.then(|| self.acct.pass_stores.lock_ok().clone()).flatten() {
                 drop(g);
                 let mut stored = false;
                 while cond() && pass.store_next(&self.tier) {
                     stored = true;
                     inc(&self.counters.direct_reclaim_stores);
                 }
-                g = self.reclaimed.0.lock_ok();
+                g = self.acct.reclaimed.0.lock_ok();
                 if stored {
                     continue;
                 }
             }
-            g = unpoison(self.reclaimed.1.wait_timeout(g, step)).0;
+            g = unpoison(self.acct.reclaimed.1.wait_timeout(g, step)).0;
         }
         *g -= 1;
     }
@@ -155,9 +155,37 @@ impl Inner {
     /// a waiter is either already asleep (and woken) or checks afterwards;
     /// with none counted under it, no futex call is made.
     pub(super) fn wake_reclaim_waiters(&self) {
-        let waiters = *self.reclaimed.0.lock_ok();
+        let waiters = *self.acct.reclaimed.0.lock_ok();
         if waiters > 0 {
-            self.reclaimed.1.notify_all();
+            self.acct.reclaimed.1.notify_all();
         }
     }
+}
+
+/// Usage and the limit, and the wake-ups between faults and reclaim.
+pub(super) struct Accounting {
+    pub(super) resident: std::sync::atomic::AtomicUsize,
+    /// The limit is soft (see [`PagerStats::limit_soft_events`]).
+    pub(super) soft: std::sync::atomic::AtomicBool,
+    /// The limit that applies now: `cfg.limit`, or this process's share of
+    /// its tree's (refreshed by `refresh_limit`).
+    pub(super) limit_now: std::sync::atomic::AtomicUsize,
+    /// The pool's share of the limit, percent: `cfg.tier.max_pool_percent`,
+    /// moved by `balance_pool` when `cfg.pool_balance` is on.
+    pub(super) pool_percent: std::sync::atomic::AtomicU32,
+    /// Refaults that a resident set one balance step larger would have
+    /// saved (`balance.rs`).
+    pub(super) balance_refaults: std::sync::atomic::AtomicU64,
+    /// This process's slot in its tree's accounting (`PagerConfig::tree`).
+    pub(super) member: Option<crate::tree::Member>,
+    pub(super) kick: (std::sync::Mutex<bool>, std::sync::Condvar),
+    /// The count of threads in `wait_for_reclaim_while`, and their wake-up.
+    pub(super) reclaimed: (std::sync::Mutex<u32>, std::sync::Condvar),
+    /// The stores of the reclaim pass under way, which a fault waiting in
+    /// `throttle` helps with (`direct.rs`). A leaf lock, held only to
+    /// publish, take or clear the pass.
+    pub(super) pass_stores: std::sync::Mutex<Option<std::sync::Arc<super::direct::PassStores>>>,
+    /// Rounds of the reclaim loop done (`Pager::reclaim_now` waits for the
+    /// one after its kick).
+    pub(super) reclaim_rounds: std::sync::atomic::AtomicU64,
 }

@@ -121,7 +121,7 @@ impl Pager {
         // A forked child may still need their entries.
         inner.wait_handover();
         // No reclaim pass meanwhile.
-        let _gate = inner.reclaim_gate.lock_ok();
+        let _gate = inner.fork.reclaim_gate.lock_ok();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         for st in split {
             let base = st.start.load(Ordering::Acquire);
@@ -155,7 +155,7 @@ impl Pager {
         inner.wait_handover();
         // No reclaim pass meanwhile: nothing of theirs is being evicted,
         // and nothing is once they are unregistered.
-        let _gate = inner.reclaim_gate.lock_ok();
+        let _gate = inner.fork.reclaim_gate.lock_ok();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         let regions: Vec<_> = inner.regions_in(lo, hi).into_iter().filter(whole).collect();
         for st in &regions {
@@ -241,7 +241,7 @@ impl Inner {
     /// walking thousands of regions (V8's heap is one per 256 KiB page).
     fn covered(&self) -> Vec<(u64, u64)> {
         let mut parts: Vec<(u64, u64)> = Vec::new();
-        for st in self.regions.read_ok().values() {
+        for st in self.folios.regions.read_ok().values() {
             let base = st.start.load(Ordering::Acquire);
             if st.has_holes.load(Ordering::Acquire) {
                 parts.extend(st.mapped_parts().into_iter().map(|(a, b)| (base + a as u64, base + b as u64)));
@@ -338,16 +338,16 @@ impl Inner {
         // Every event already read is in the table first: an mremap or a
         // munmap returns once its event is read, not handled, and a
         // region the handler is about to move here must be seen here.
-        drop(self.events.read_ok());
+        drop(self.gate.events.read_ok());
         {
-            let mut regions = self.regions.write_ok();
+            let mut regions = self.folios.regions.write_ok();
             // Never a second region over memory a region has. zmem's own
             // mappings are recorded before a scan can see them, but a
             // mapping the program changes while it is listed (an arena
             // growing) can show up twice, and registering is harmless.
             let taken = regions.values().any(|r| r.mapped_in(addr, addr + len as u64) != Within::Nothing);
             if taken {
-                self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
+                self.folios.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
                 log::debug!("not adopting {addr:#x}+{len:#x}: a region has part of it");
                 return Ok(None);
             }
@@ -356,8 +356,8 @@ impl Inner {
         self.unmapping();
         // Registered once in the table, the tail too (see above).
         if let Err(e) = self.uffd.register(addr, full as u64, self.register_mode()) {
-            self.regions.write_ok().remove(&(addr, st.id));
-            self.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
+            self.folios.regions.write_ok().remove(&(addr, st.id));
+            self.folios.tables.fetch_sub(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
             return Err(e.into());
         }
         // From the first boundary inside the range: a hole (see above).
@@ -508,7 +508,7 @@ impl Inner {
         if present.iter().all(|&m| m) {
             return;
         }
-        let Ok(_events) = self.events.try_read() else { return };
+        let Ok(_events) = self.gate.events.try_read() else { return };
         let ppf = present.len();
         let holes = st.holes_in(f * ppf, ppf);
         let absent: Vec<bool> = (0..ppf).map(|j| !present[j] && !holes.as_ref().is_some_and(|h| h[j])).collect();
@@ -529,7 +529,7 @@ impl Inner {
     /// Forgets an adopted region the program has unmapped all of.
     pub(super) fn retire(&self, st: &Arc<RegionState>) {
         let base = st.start.load(Ordering::Acquire);
-        if self.regions.write_ok().remove(&(base, st.id)).is_none() {
+        if self.folios.regions.write_ok().remove(&(base, st.id)).is_none() {
             return;
         }
         for f in 0..st.state.len() {
@@ -541,8 +541,8 @@ impl Inner {
             match st.folio(f) {
                 Folio::Resident => {
                     st.set_folio(f, Folio::Never);
-                    self.resident.fetch_sub(1, Ordering::Relaxed);
-                    self.dropped.lock_ok().remove(&(st.id, f));
+                    self.acct.resident.fetch_sub(1, Ordering::Relaxed);
+                    self.folios.dropped.lock_ok().remove(&(st.id, f));
                     let swapped = self.clear_swapped(st, f, u64::MAX);
                     if st.cached[f].swap(false, Ordering::Relaxed) || swapped != 0 {
                         self.invalidate_folio(st, f);
@@ -555,7 +555,7 @@ impl Inner {
                 _ => {}
             }
         }
-        self.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
+        self.folios.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
         log::debug!("retired region {} at {base:#x}", st.id);
         inc(&self.counters.retired_regions);
     }
@@ -563,7 +563,7 @@ impl Inner {
     /// Gives every adopted region back to the program whole: its evicted
     /// folios loaded, unregistered, forgotten. Reclaim must be stopped.
     pub(super) fn release_adopted(&self) {
-        let adopted: Vec<_> = self.regions.read_ok().values().filter(|r| r.adopted).cloned().collect();
+        let adopted: Vec<_> = self.folios.regions.read_ok().values().filter(|r| r.adopted).cloned().collect();
         let mut bounce = vec![0u8; self.cfg.folio_size];
         for st in adopted {
             self.give_back(&st, &mut bounce);

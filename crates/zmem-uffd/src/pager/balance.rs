@@ -173,7 +173,7 @@ impl Balance {
 impl Inner {
     /// The pool's share of the limit now, percent.
     pub(super) fn pool_percent(&self) -> u32 {
-        self.pool_percent.load(Ordering::Relaxed)
+        self.acct.pool_percent.load(Ordering::Relaxed)
     }
 
     /// Folios in one balance step: the refault distance under which a
@@ -205,7 +205,7 @@ impl Inner {
         self.tier.set_swap_refault_window(((step as f64 * ratio) as u64 / PAGE_SIZE as u64).max(1));
         let (c, r) = (&self.counters, |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed));
         let now = Misses {
-            refaults: self.balance_refaults.load(Ordering::Relaxed),
+            refaults: self.acct.balance_refaults.load(Ordering::Relaxed),
             swap_refaults: s.swap_refaults,
             cold_pool_loads: s.cold_pool_loads,
             loads: s.zswpin,
@@ -247,7 +247,7 @@ impl Inner {
             percent
         };
         if next != percent {
-            self.pool_percent.store(next, Ordering::Relaxed);
+            self.acct.pool_percent.store(next, Ordering::Relaxed);
             self.apply_pool_share();
         }
     }

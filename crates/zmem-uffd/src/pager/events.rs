@@ -72,7 +72,7 @@ impl Inner {
             if st.folio(f) == Folio::Evicting {
                 // The evictor drops these pages' entries when it finishes
                 // (this thread must not wait for it: see `fault`).
-                let mut d = self.dropped.lock_ok();
+                let mut d = self.folios.dropped.lock_ok();
                 let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
                 pages.iter().for_each(|&p| mask[p - f * ppf] = true);
                 continue;
@@ -81,7 +81,7 @@ impl Inner {
                 self.tier.invalidate(st.key(p));
             }
             self.clear_swapped(st, f, pages.iter().map(|&p| 1u64 << ((p - f * ppf) % 64)).fold(0, |a, b| a | b));
-            if let Some(h) = self.held.lock_ok().get_mut(&(st.id, f)) {
+            if let Some(h) = self.folios.held.lock_ok().get_mut(&(st.id, f)) {
                 pages.iter().for_each(|&p| h.present[p - f * ppf] = false);
             }
             let whole = first_page <= f * ppf && (f + 1) * ppf <= last_page;
@@ -91,11 +91,11 @@ impl Inner {
             // dropped pages until a fault shows the zap done, and its next
             // eviction drops them as it does for an Evicting folio.
             if !whole && st.folio(f) == Folio::Resident {
-                let mut d = self.dropped.lock_ok();
+                let mut d = self.folios.dropped.lock_ok();
                 let mask = d.entry((st.id, f)).or_insert_with(|| vec![false; ppf]);
                 pages.iter().for_each(|&p| mask[p - f * ppf] = true);
             } else if whole {
-                self.dropped.lock_ok().remove(&(st.id, f));
+                self.folios.dropped.lock_ok().remove(&(st.id, f));
             }
             // A whole folio dropped is as if never touched; a resident folio
             // partly dropped stays resident (its dropped pages fault to zero).
@@ -105,7 +105,7 @@ impl Inner {
                 self.clear_swapped(st, f, u64::MAX);
             }
             if whole && st.swap_folio(f, Folio::Never) == Folio::Resident {
-                self.resident.fetch_sub(1, Ordering::Relaxed);
+                self.acct.resident.fetch_sub(1, Ordering::Relaxed);
             }
             drop(g);
         }
@@ -129,7 +129,7 @@ impl Inner {
                 Within::Part => false,
                 Within::All => true,
             };
-            let mut regions = self.regions.write_ok();
+            let mut regions = self.folios.regions.write_ok();
             let new = (base + to).checked_sub(from);
             log::debug!(
                 "REMAP: region {} at {base:#x}+{:#x}: {}",
@@ -250,7 +250,7 @@ impl Inner {
                 Folio::Never => {}
                 Folio::Resident => {
                     new.set_folio(j, Folio::Resident);
-                    self.resident.fetch_add(1, Ordering::Relaxed);
+                    self.acct.resident.fetch_add(1, Ordering::Relaxed);
                     // Pages left in the tier go with the pages that moved
                     // (their entries under the same keys).
                     let bits = st.swapped[f].load(Ordering::Relaxed)
@@ -264,7 +264,7 @@ impl Inner {
                     if whole {
                         st.set_folio(f, Folio::Never);
                         st.cached[f].store(false, Ordering::Relaxed);
-                        self.resident.fetch_sub(1, Ordering::Relaxed);
+                        self.acct.resident.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
                 Folio::Evicted => {
@@ -277,7 +277,7 @@ impl Inner {
                 Folio::Evicting => {
                     // Faults on it wait (Busy) until the evictor passes it on.
                     new.set_folio(j, Folio::Evicting);
-                    self.forwards.lock_ok().entry((st.id, f)).or_default().push(super::Forward {
+                    self.folios.forwards.lock_ok().entry((st.id, f)).or_default().push(super::Forward {
                         to: Arc::clone(&new),
                         folio: j,
                         moved,
@@ -295,7 +295,7 @@ impl Inner {
             st.id,
             new.unmapped.lock_ok()
         );
-        self.regions.write_ok().insert((start, new.id), Arc::clone(&new));
+        self.folios.regions.write_ok().insert((start, new.id), Arc::clone(&new));
         for j in resident {
             self.lru_add(&new, j);
         }
@@ -307,7 +307,7 @@ impl Inner {
     /// (`new` is not yet visible, or the caller holds no lock `new` needs).
     pub(super) fn split_held(&self, st: &RegionState, f: usize, new: &RegionState, j: usize, moved: &[bool]) {
         let fs = self.cfg.folio_size;
-        let mut held = self.held.lock_ok();
+        let mut held = self.folios.held.lock_ok();
         let Some(h) = held.get_mut(&(st.id, f)) else { return };
         let present: Vec<bool> = h.present.iter().zip(moved).map(|(&p, &m)| p && m).collect();
         if !present.contains(&true) {
@@ -319,10 +319,10 @@ impl Inner {
         }
         if !h.present.contains(&true) {
             held.remove(&(st.id, f));
-            self.held_bytes.fetch_sub(fs, Ordering::Relaxed);
+            self.folios.held_bytes.fetch_sub(fs, Ordering::Relaxed);
         }
         held.insert((new.id, j), super::Held { data, present });
-        self.held_bytes.fetch_add(fs, Ordering::Relaxed);
+        self.folios.held_bytes.fetch_add(fs, Ordering::Relaxed);
     }
 
     /// The evictor finished folio `f` of `st`, which partial mremaps
@@ -332,7 +332,7 @@ impl Inner {
     /// load steps over them), with its held pages. Called with `st`'s
     /// stripe lock for `f` held; returns what to finish once it is dropped.
     pub(super) fn take_forward(&self, st: &RegionState, f: usize) -> Vec<(Arc<RegionState>, usize)> {
-        let fws = self.forwards.lock_ok().remove(&(st.id, f)).unwrap_or_default();
+        let fws = self.folios.forwards.lock_ok().remove(&(st.id, f)).unwrap_or_default();
         fws.into_iter()
             .map(|fw| {
                 self.split_held(st, f, &fw.to, fw.folio, &fw.moved);
@@ -350,7 +350,7 @@ impl Inner {
     pub(super) fn finish_forward(&self, forwards: Vec<(Arc<RegionState>, usize)>) {
         for (to, j) in forwards {
             self.finish(&to, j, |dropped| {
-                let mut held = self.held.lock_ok();
+                let mut held = self.folios.held.lock_ok();
                 if let Some(h) = held.get_mut(&(to.id, j)) {
                     h.present.iter_mut().zip(dropped).for_each(|(p, &d)| *p &= !d);
                     let empty = !h.present.contains(&true);
@@ -365,4 +365,23 @@ impl Inner {
             });
         }
     }
+}
+
+/// The events gate: the handler's reading of events against every COPY and
+/// MOVE (see "Lock order" in ARCHITECTURE.md: `events` comes first).
+#[derive(Default)]
+pub(super) struct EventsGate {
+    /// Written by a handler from reading a batch of events until it has
+    /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`) and
+    /// their dropped ranges (`dropping`). Read by reclaim over its MOVEs,
+    /// and by whoever COPYs pages into the program (a handler, or the
+    /// thread preparing a fork) over its COPYs: tried only, under a
+    /// stripe lock (`copy_folio`). Lock order: `events`, then stripe locks.
+    pub(super) events: std::sync::RwLock<()>,
+    /// The ranges of REMOVE and UNMAP events read but not yet dropped
+    /// (`drop_range`): from the read on, the kernel may zap them at any
+    /// moment, and a page COPYed there after the zap would come back with
+    /// its old bytes after the program dropped it. Every COPY of data
+    /// steps over them (`copy_folio`), under `events` (read).
+    pub(super) dropping: std::sync::Mutex<Vec<(u64, u64)>>,
 }

@@ -67,7 +67,7 @@ impl Inner {
         pass: &mut Pass,
     ) -> Vec<(Arc<RegionState>, usize, u64)> {
         let mut isolated = Vec::new();
-        let forked = self.forked.load(Ordering::Relaxed);
+        let forked = self.fork.forked.load(Ordering::Relaxed);
         for (st, f) in victims {
             if forked && self.park_if_shared(&st, f, staging) {
                 pass.parked += 1;
@@ -86,7 +86,7 @@ impl Inner {
             }
             st.set_folio(f, Folio::Evicting);
             self.unmapping();
-            self.resident.fetch_sub(1, Ordering::Relaxed);
+            self.acct.resident.fetch_sub(1, Ordering::Relaxed);
             // Pages a partial load left in the tier stay there: nothing to
             // move, and their entries are kept.
             let swapped = self.clear_swapped(&st, f, u64::MAX);
@@ -144,7 +144,7 @@ impl Inner {
     fn keep_stuck(&self, st: &Arc<RegionState>, f: usize, swapped: u64, is_shared: bool, pass: &mut Pass) -> bool {
         self.finish(st, f, |dropped| {
             st.set_folio(f, Folio::Resident);
-            self.resident.fetch_add(1, Ordering::Relaxed);
+            self.acct.resident.fetch_add(1, Ordering::Relaxed);
             // Less what the program dropped meanwhile (`finish` drops
             // their entries).
             let gone = dropped.iter().enumerate().filter(|(_, &d)| d).fold(0u64, |a, (p, _)| a | 1 << (p % 64));
@@ -158,7 +158,7 @@ impl Inner {
         // reclaim broke it again: fio's 64 MiB of registered buffers under
         // 32M, 400k breaks in 16 s, all of a CPU.
         let pinned = is_shared && {
-            let mut broken = self.cow_broken.lock_ok();
+            let mut broken = self.folios.cow_broken.lock_ok();
             let again = broken.remove(&(st.id, f));
             if !again {
                 // Folios of regions gone since stay behind: bounded.
@@ -175,8 +175,8 @@ impl Inner {
         // Off the lists (as the kernel's unevictable LRU) until reclaim
         // looks again, now and then: it may be unlocked.
         st.queued[f].store(true, Ordering::Release);
-        self.lru.lock_ok().unevictable.push((Arc::clone(st), f));
-        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        self.lists.lru.lock_ok().unevictable.push((Arc::clone(st), f));
+        self.lists.lru_len.fetch_add(1, Ordering::Relaxed);
         inc(&self.counters.unevictable_folios);
         pass.unevictable += 1;
         false
@@ -188,7 +188,7 @@ impl Inner {
     /// the pass has been compressed and stored.
     fn stage_moved(&self, moved: &[MovedOut], staging: &Staging) {
         {
-            let mut broken = self.cow_broken.lock_ok();
+            let mut broken = self.folios.cow_broken.lock_ok();
             if !broken.is_empty() {
                 for m in moved {
                     broken.remove(&(m.st.id, m.f));
@@ -196,7 +196,7 @@ impl Inner {
             }
         }
         {
-            let mut staged = self.staged.lock_ok();
+            let mut staged = self.folios.staged.lock_ok();
             for MovedOut { st, f, slot, present, swapped } in moved {
                 let s = Staged {
                     addr: staging.slot_addr(*slot),
@@ -253,11 +253,11 @@ impl Inner {
             // empty ones, so they stay mapped and unchanged until `finish`
             // returns below, whoever holds the pass then.
             let pass = Arc::new(unsafe { super::direct::PassStores::new(&reqs) });
-            *self.pass_stores.lock_ok() = Some(Arc::clone(&pass));
+            *self.acct.pass_stores.lock_ok() = Some(Arc::clone(&pass));
             // A fault waiting in `throttle` takes folios of it.
             self.wake_reclaim_waiters();
             let outcomes = pass.finish(&self.tier);
-            *self.pass_stores.lock_ok() = None;
+            *self.acct.pass_stores.lock_ok() = None;
             outcomes
         } else {
             self.tier.store_many(&reqs)
@@ -294,7 +294,7 @@ impl Inner {
                 data
             });
             self.finish(st, *f, |dropped| {
-                if self.staged.lock_ok().remove(&(st.id, *f)).is_some_and(|s| s.rescued) {
+                if self.folios.staged.lock_ok().remove(&(st.id, *f)).is_some_and(|s| s.rescued) {
                     // A fault mapped it back from staging (`rescue`): it is
                     // resident (or dropped since), and what this pass
                     // stored of it goes. Its pages in the tier stay.
@@ -309,7 +309,7 @@ impl Inner {
                 if ok {
                     inc(&self.counters.evicted_folios);
                     pass.evicted += 1;
-                    st.evicted_at[*f].store(self.evict_clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+                    st.evicted_at[*f].store(self.lists.evict_clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
                 } else {
                     // Keep the pages as they are (what was stored goes;
                     // pages left in the tier by a partial load stay there).
@@ -321,8 +321,8 @@ impl Inner {
                     let present: Vec<bool> = present.iter().zip(dropped).map(|(&p, &d)| p && !d).collect();
                     if let Some(data) = kept.filter(|_| present.contains(&true)) {
                         let h = Held { data, present };
-                        self.held_bytes.fetch_add(fs, Ordering::Relaxed);
-                        let old = self.held.lock_ok().insert((st.id, *f), h);
+                        self.folios.held_bytes.fetch_add(fs, Ordering::Relaxed);
+                        let old = self.folios.held.lock_ok().insert((st.id, *f), h);
                         debug_assert!(old.is_none(), "a held folio was evicted again");
                     }
                     inc(&self.counters.eviction_rejects);
@@ -366,13 +366,13 @@ impl Inner {
     /// the shared list, and charges those pages to no one.
     pub(super) fn park_shared(&self, st: &Arc<RegionState>, f: usize, shared: usize) {
         st.queued[f].store(true, Ordering::Release);
-        let mut lru = self.lru.lock_ok();
+        let mut lru = self.lists.lru.lock_ok();
         lru.shared.push(((Arc::clone(st), f), shared));
         // Under the list's lock, as `rescan_shared` takes the list and
         // subtracts what it held: the count never wraps below zero.
-        self.shared_pages.fetch_add(shared, Ordering::Relaxed);
+        self.lists.shared_pages.fetch_add(shared, Ordering::Relaxed);
         drop(lru);
-        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        self.lists.lru_len.fetch_add(1, Ordering::Relaxed);
         inc(&self.counters.shared_parks);
     }
 
@@ -381,7 +381,7 @@ impl Inner {
     /// no longer resident, go back on the inactive list and are charged in
     /// full again.
     pub(super) fn rescan_shared(&self, staging: &Staging) {
-        let list = std::mem::take(&mut self.lru.lock_ok().shared);
+        let list = std::mem::take(&mut self.lists.lru.lock_ok().shared);
         if list.is_empty() {
             return;
         }
@@ -401,10 +401,10 @@ impl Inner {
                 None => back.push((st, f)),
             }
         }
-        let mut lru = self.lru.lock_ok();
+        let mut lru = self.lists.lru.lock_ok();
         // Under the list's lock, as `park_if_shared` adds.
-        self.shared_pages.fetch_add(now, Ordering::Relaxed);
-        self.shared_pages.fetch_sub(was, Ordering::Relaxed);
+        self.lists.shared_pages.fetch_add(now, Ordering::Relaxed);
+        self.lists.shared_pages.fetch_sub(was, Ordering::Relaxed);
         lru.shared.extend(still);
         lru.inactive.extend(back);
     }
@@ -485,7 +485,7 @@ impl Inner {
         let mut busy = vec![false; k * ppf];
         let mut recount = false;
         // Never from what the program unmapped (see above).
-        let mut events = self.events.read_ok();
+        let mut events = self.gate.events.read_ok();
         let mut holes = st.holes_in(f * ppf, k * ppf);
         if !self.cfg.inject_move_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_move_delay);
@@ -520,7 +520,7 @@ impl Inner {
                     off += done;
                     drop(events);
                     std::thread::sleep(Duration::from_micros(20));
-                    events = self.events.read_ok();
+                    events = self.gate.events.read_ok();
                     holes = st.holes_in(f * ppf, k * ppf);
                 }
                 // The protections differ (`home_differs`; an EINVAL for
@@ -578,7 +578,7 @@ impl Inner {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let (lock, cv) = self.stripe(st, f);
         let g = lock.lock_ok();
-        let dropped = self.dropped.lock_ok().remove(&(st.id, f));
+        let dropped = self.folios.dropped.lock_ok().remove(&(st.id, f));
         let dropped = dropped.unwrap_or_else(|| vec![false; ppf]);
         done(&dropped);
         for p in dropped.iter().enumerate().filter(|(_, &d)| d).map(|(p, _)| p) {

@@ -72,7 +72,7 @@ impl Inner {
             if idle {
                 busy.set(false);
             }
-            if self.stop.load(Ordering::Acquire) && self.regions.read_ok().is_empty() {
+            if self.stop.load(Ordering::Acquire) && self.folios.regions.read_ok().is_empty() {
                 return;
             }
             // Busy-poll (non-blocking reads) a while (`spin.rs`), then
@@ -89,7 +89,7 @@ impl Inner {
                     return;
                 }
             }
-            let guard = self.events.write_ok();
+            let guard = self.gate.events.write_ok();
             let Ok(fork) = self.read_batch(&mut events, &mut carry) else { return };
             if !events.is_empty() {
                 busy.set(true);
@@ -113,7 +113,7 @@ impl Inner {
                     Event::Remove { start, end } | Event::Unmap { start, end } => {
                         let regions = drops.pop_front().expect("one list per REMOVE or UNMAP");
                         self.drop_range(&regions, start, end);
-                        let mut d = self.dropping.lock_ok();
+                        let mut d = self.gate.dropping.lock_ok();
                         if let Some(i) = d.iter().position(|&r| r == (start, end)) {
                             d.swap_remove(i);
                         }
@@ -178,11 +178,11 @@ impl Inner {
                 Event::Unmap { start, end } => {
                     self.note_unmapped(start, end);
                     drops.push_back(self.regions_at(start, end));
-                    self.dropping.lock_ok().push((start, end));
+                    self.gate.dropping.lock_ok().push((start, end));
                 }
                 Event::Remove { start, end } => {
                     drops.push_back(self.regions_at(start, end));
-                    self.dropping.lock_ok().push((start, end));
+                    self.gate.dropping.lock_ok().push((start, end));
                 }
                 Event::Remap { from, to, len } => self.remap(from, to, len),
                 _ => {}
@@ -334,7 +334,7 @@ impl Inner {
         let want = self
             .cfg
             .fault_around_pages()
-            .filter(|_| !walk && !self.held.lock_ok().contains_key(&(st.id, f)))
+            .filter(|_| !walk && !self.folios.held.lock_ok().contains_key(&(st.id, f)))
             .map(|w| block_around(page, w));
         let why = if walk { Load::Walk } else { Load::Fault };
         if self.timed_load(st, f, want, bounce, why) == Served::Again {
@@ -395,7 +395,7 @@ impl Inner {
         // from now on is the program's (see `drop_range_in`).
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let i = ((page - start) as usize / PAGE_SIZE) % ppf;
-        let mut d = self.dropped.lock_ok();
+        let mut d = self.folios.dropped.lock_ok();
         if let Some(mask) = d.get_mut(&(st.id, f)) {
             mask[i] = false;
             if !mask.contains(&true) {
@@ -426,18 +426,18 @@ impl Inner {
         // would wait for its forward, and get entries this rescue drops).
         // Only tried, as in `copy_folio` (which tries it again: a read lock
         // twice, never a wait).
-        let _events = match self.events.try_read() {
+        let _events = match self.gate.events.try_read() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Err(Served::Again),
         };
         let key = (st.id, f);
-        let (addr, present, swapped) = match self.staged.lock_ok().get(&key) {
+        let (addr, present, swapped) = match self.folios.staged.lock_ok().get(&key) {
             Some(s) if !s.rescued => (s.addr, s.present.clone(), s.swapped),
             _ => return Err(Served::Busy),
         };
-        if self.dropped.lock_ok().contains_key(&key)
-            || self.forwards.lock_ok().contains_key(&key)
+        if self.folios.dropped.lock_ok().contains_key(&key)
+            || self.folios.forwards.lock_ok().contains_key(&key)
             || st.has_holes.load(Ordering::Acquire)
             || !st.moved.lock_ok().is_empty()
         {
@@ -461,7 +461,7 @@ impl Inner {
         if self.copy_folio(st, f, &bounce[..ppf * PAGE_SIZE], &vec![false; ppf], Some(&skip)) == Served::Again {
             return Err(Served::Again);
         }
-        if let Some(s) = self.staged.lock_ok().get_mut(&key) {
+        if let Some(s) = self.folios.staged.lock_ok().get_mut(&key) {
             s.rescued = true;
         }
         self.became_resident(st, f);
@@ -484,7 +484,7 @@ impl Inner {
     /// there is seen).
     fn zero_stray_ahead(&self, page: u64) {
         let mut end = page + (STRAY_AHEAD * PAGE_SIZE) as u64;
-        let Ok(_events) = self.events.try_read() else { return };
+        let Ok(_events) = self.gate.events.try_read() else { return };
         // Only within the mapping that took the fault. Registration is per
         // mapping, so all of that one is registered with our uffd; but the
         // kernel's fills check only that a page is registered with *a*
@@ -598,7 +598,7 @@ impl Inner {
             }
         }
         if want.is_none() {
-            if let Some(h) = self.held.lock_ok().get(&(st.id, f)) {
+            if let Some(h) = self.folios.held.lock_ok().get(&(st.id, f)) {
                 for (i, page) in bounce.chunks_exact_mut(PAGE_SIZE).enumerate().filter(|(i, _)| h.present[*i]) {
                     page.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                 }

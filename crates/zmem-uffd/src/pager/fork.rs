@@ -43,10 +43,10 @@ impl Pager {
             inner.prepare_handover();
             return;
         }
-        inner.frozen.store(true, Ordering::Release);
+        inner.fork.frozen.store(true, Ordering::Release);
         // The pass in flight ends at its next batch; no new one starts.
-        drop(inner.reclaim_gate.lock_ok());
-        let regions: Vec<_> = inner.regions.read_ok().values().cloned().collect();
+        drop(inner.fork.reclaim_gate.lock_ok());
+        let regions: Vec<_> = inner.folios.regions.read_ok().values().cloned().collect();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         for st in regions {
             inner.load_region(&st, &mut bounce, true);
@@ -100,10 +100,10 @@ impl Pager {
         let inner = &self.inner;
         // A forked child may still need the regions' entries.
         inner.wait_handover();
-        inner.frozen.store(true, Ordering::Release);
+        inner.fork.frozen.store(true, Ordering::Release);
         // The pass in flight ends at its next batch; no new one starts.
-        drop(inner.reclaim_gate.lock_ok());
-        let regions: Vec<_> = inner.regions.read_ok().values().cloned().collect();
+        drop(inner.fork.reclaim_gate.lock_ok());
+        let regions: Vec<_> = inner.folios.regions.read_ok().values().cloned().collect();
         let mut bounce = vec![0u8; inner.cfg.folio_size];
         for st in regions {
             inner.give_back(&st, &mut bounce);
@@ -117,7 +117,7 @@ impl Pager {
         }
         // What was managed is the program's now: outside the tree's count
         // until a new pager takes the slot over.
-        if let Some(m) = &inner.member {
+        if let Some(m) = &inner.acct.member {
             m.publish(0, 0);
         }
         // SAFETY: no thread of this pager is left to use its descriptors,
@@ -129,18 +129,43 @@ impl Pager {
     /// its parent until one of them writes, so reclaim makes a folio's pages
     /// this process's own before it moves them, as after a fork of its own.
     pub fn mark_forked(&self) {
-        self.inner.forked.store(true, Ordering::Relaxed);
+        self.inner.fork.forked.store(true, Ordering::Relaxed);
     }
 
     /// After a fork, in the parent: reclaim runs again.
     pub fn fork_parent(&self) {
-        self.inner.forked.store(true, Ordering::Relaxed);
+        self.inner.fork.forked.store(true, Ordering::Relaxed);
         if self.inner.cfg.fork_event {
             // Reclaim runs again once the handler has handed over.
             self.inner.parent_handover();
             return;
         }
-        self.inner.frozen.store(false, Ordering::Release);
+        self.inner.fork.frozen.store(false, Ordering::Release);
         self.inner.kick_reclaim();
     }
+}
+
+/// Where a fork is, and what it holds still (see `handover.rs`).
+#[derive(Default)]
+pub(super) struct ForkState {
+    /// A fork is being prepared: reclaim isolates nothing, faults do not
+    /// wait for it (see `fork.rs`).
+    pub(super) frozen: std::sync::atomic::AtomicBool,
+    /// Held by reclaim over a run of passes, so `fork_prepare` can wait for
+    /// the one in flight.
+    pub(super) reclaim_gate: std::sync::Mutex<()>,
+    /// The process has forked: pages may be shared with a child, and
+    /// reclaim makes a folio's pages the parent's own before it moves them.
+    pub(super) forked: std::sync::atomic::AtomicBool,
+    /// With `fork_event`: the two ends of the socket pair a fork's
+    /// hand-over goes through, made by `fork_prepare`; the parent's end is
+    /// taken by the handler as it reads the FORK event, the child's by the
+    /// child (and closed by the parent step). See `handover.rs`.
+    pub(super) link_parent: std::sync::Mutex<Option<zmem_common::host::fds::KeptFd>>,
+    pub(super) link_child: std::sync::Mutex<Option<zmem_common::host::fds::KeptFd>>,
+    /// `handover::Fork` as a number: where the last fork is.
+    pub(super) stage: std::sync::atomic::AtomicU8,
+    /// The handler is serving a forked child until it hands over: nothing
+    /// may free an entry the child may still need (`wait_handover`).
+    pub(super) serving_child: std::sync::atomic::AtomicBool,
 }

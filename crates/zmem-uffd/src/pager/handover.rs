@@ -180,7 +180,7 @@ impl Pager {
     /// [`abandon_in_child`](Self::abandon_in_child) leaves it open. `None`
     /// if the parent's pager has no fork in flight.
     pub fn fork_link_in_child(&self) -> Option<OwnedFd> {
-        Some(self.inner.link_child.lock_ok().take()?.into_owned())
+        Some(self.inner.fork.link_child.lock_ok().take()?.into_owned())
     }
 
     /// In a forked child: asks the parent for this process's userfaultfd
@@ -249,24 +249,24 @@ impl Inner {
     /// With no region there is no registered mapping to copy, so no FORK
     /// event will come: nothing to do (the child starts a pager of its own).
     pub(super) fn prepare_handover(&self) {
-        if self.regions.read_ok().is_empty() {
+        if self.folios.regions.read_ok().is_empty() {
             return;
         }
-        self.frozen.store(true, Ordering::Release);
-        drop(self.reclaim_gate.lock_ok());
+        self.fork.frozen.store(true, Ordering::Release);
+        drop(self.fork.reclaim_gate.lock_ok());
         let pair =
             zmem_common::host::fds::open_kept_pair(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
                 rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             });
         match pair {
             Ok((a, b)) => {
-                *self.link_parent.lock_ok() = Some(a);
-                *self.link_child.lock_ok() = Some(b);
+                *self.fork.link_parent.lock_ok() = Some(a);
+                *self.fork.link_child.lock_ok() = Some(b);
             }
             // The child then gets its memory copied in whole.
             Err(e) => log::warn!("no fork hand-over link ({e}): the child's memory will be copied in whole"),
         }
-        self.fork_state.store(Fork::Prepared as u8, Ordering::Release);
+        self.fork.stage.store(Fork::Prepared as u8, Ordering::Release);
         self.wait_handlers_at_rest();
     }
 
@@ -298,11 +298,11 @@ impl Inner {
     /// the child's userfaultfd with it, and the child's evicted pages would
     /// read as zeros. Reclaim runs again once the handler is done.
     pub(super) fn parent_handover(&self) {
-        drop(self.link_child.lock_ok().take());
+        drop(self.fork.link_child.lock_ok().take());
         let grace = Instant::now() + SEEN_GRACE;
-        while self.fork_state.load(Ordering::Acquire) == Fork::Prepared as u8 {
+        while self.fork.stage.load(Ordering::Acquire) == Fork::Prepared as u8 {
             if Instant::now() > grace {
-                let none = self.fork_state.compare_exchange(
+                let none = self.fork.stage.compare_exchange(
                     Fork::Prepared as u8,
                     Fork::Idle as u8,
                     Ordering::AcqRel,
@@ -311,22 +311,22 @@ impl Inner {
                 if none.is_ok() {
                     // No FORK event came: the fork failed, or copied no
                     // registered mapping.
-                    drop(self.link_parent.lock_ok().take());
-                    self.frozen.store(false, Ordering::Release);
+                    drop(self.fork.link_parent.lock_ok().take());
+                    self.fork.frozen.store(false, Ordering::Release);
                     self.kick_reclaim();
                     return;
                 }
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        while self.fork_state.load(Ordering::Acquire) != Fork::Idle as u8 {
+        while self.fork.stage.load(Ordering::Acquire) != Fork::Idle as u8 {
             std::thread::sleep(Duration::from_micros(100));
         }
     }
 
     /// The handler read a FORK event: the parent step need not wait for it.
     pub(super) fn fork_seen(&self) {
-        let _ = self.fork_state.compare_exchange(
+        let _ = self.fork.stage.compare_exchange(
             Fork::Prepared as u8,
             Fork::Seen as u8,
             Ordering::AcqRel,
@@ -337,7 +337,7 @@ impl Inner {
     /// A program thread about to free entries (a region's drop, a split
     /// mremap) waits while the handler serves a forked child.
     pub(super) fn wait_handover(&self) {
-        while self.serving_child.load(Ordering::Acquire) {
+        while self.fork.serving_child.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
@@ -345,8 +345,8 @@ impl Inner {
     /// The handler read a FORK event: serve the child until it takes its
     /// memory over (or exits, or times out). See the module's comment.
     pub(super) fn serve_child(&self, child: zmem_common::host::fds::KeptFd, bounce: &mut [u8]) {
-        self.serving_child.store(true, Ordering::Release);
-        let link = self.link_parent.lock_ok().take();
+        self.fork.serving_child.store(true, Ordering::Release);
+        let link = self.fork.link_parent.lock_ok().take();
         let child = self.uffd.forked(child);
         // What the child did not inherit is as if it had dropped it: a
         // `MADV_DONTFORK` mapping it does not have, and a `MADV_WIPEONFORK`
@@ -431,9 +431,9 @@ impl Inner {
         }
         drop(child);
         drop(link);
-        self.fork_state.store(Fork::Idle as u8, Ordering::Release);
-        self.serving_child.store(false, Ordering::Release);
-        self.frozen.store(false, Ordering::Release);
+        self.fork.stage.store(Fork::Idle as u8, Ordering::Release);
+        self.fork.serving_child.store(false, Ordering::Release);
+        self.fork.frozen.store(false, Ordering::Release);
         self.kick_reclaim();
     }
 
@@ -473,7 +473,7 @@ impl Inner {
                 Some(false)
             }
             _ => {
-                let held = self.held.lock_ok();
+                let held = self.folios.held.lock_ok();
                 let h = held.get(&(st.id, f)).filter(|h| h.present[i])?;
                 dst.copy_from_slice(&h.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
                 Some(true)
@@ -519,7 +519,7 @@ impl Inner {
         edits: &ChildEdits,
         mut each: impl FnMut(&Arc<RegionState>, usize, &[(usize, u64)]) -> Result<(), PagerError>,
     ) -> Result<(), PagerError> {
-        let regions: Vec<_> = self.regions.read_ok().values().cloned().collect();
+        let regions: Vec<_> = self.folios.regions.read_ok().values().cloned().collect();
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut pages = Vec::with_capacity(ppf);
         for st in regions {
@@ -571,7 +571,7 @@ impl Inner {
         w(&mut out, codec.as_bytes())?;
         // The regions, in the child's addresses: what it adopts.
         let mut spans: Vec<(u64, u64)> = Vec::new();
-        for st in self.regions.read_ok().values() {
+        for st in self.folios.regions.read_ok().values() {
             let base = st.start.load(Ordering::Acquire);
             for (a, b) in st.mapped_parts() {
                 for (a, b) in edits.kept_of(base + a as u64, base + b as u64) {
@@ -618,7 +618,7 @@ impl Inner {
         };
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         self.for_each_child_folio(edits, |st, f, want| {
-            let held = self.held.lock_ok();
+            let held = self.folios.held.lock_ok();
             let h = held.get(&(st.id, f));
             for &(p, ca) in want {
                 let i = p - f * ppf;

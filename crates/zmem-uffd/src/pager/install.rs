@@ -71,7 +71,7 @@ impl Inner {
         bad: &[bool],
         skip: Option<&[bool]>,
     ) -> Served {
-        let _events = match self.events.try_read() {
+        let _events = match self.gate.events.try_read() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Served::Again,
@@ -119,7 +119,7 @@ impl Inner {
     /// Which of the `n` pages from `addr` lie in a range being dropped
     /// (`dropping`); `None` if none do.
     pub(super) fn fenced(&self, addr: u64, n: usize) -> Option<Vec<bool>> {
-        let d = self.dropping.lock_ok();
+        let d = self.gate.dropping.lock_ok();
         let end = addr + (n * PAGE_SIZE) as u64;
         if !d.iter().any(|&(a, b)| a < end && addr < b) {
             return None;
@@ -212,16 +212,17 @@ impl Inner {
     /// kept it (mm/workingset.c's refault distance), so it is in use and
     /// earns looks it passes as accessed (`RegionState::protect`).
     pub(super) fn note_refault(&self, st: &RegionState, f: usize) {
-        let distance = self.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
-        let b = super::stats::refault_bucket(distance as usize, self.resident.load(Ordering::Relaxed));
+        let distance =
+            self.lists.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
+        let b = super::stats::refault_bucket(distance as usize, self.acct.resident.load(Ordering::Relaxed));
         inc(&self.counters.refault_distance[b]);
-        if (distance as usize) < self.resident.load(Ordering::Relaxed) {
+        if (distance as usize) < self.acct.resident.load(Ordering::Relaxed) {
             let p = st.protect[f].load(Ordering::Relaxed);
             st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);
             inc(&self.counters.workingset_refaults);
         }
         if (distance as usize) < self.balance_step_folios() {
-            self.balance_refaults.fetch_add(1, Ordering::Relaxed);
+            self.acct.balance_refaults.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -236,7 +237,7 @@ impl Inner {
         // a write after the fault is what counts; without it, the fault
         // itself is the only access CLOCK can see.
         st.referenced[f].store(!self.tracking, Ordering::Relaxed);
-        self.resident.fetch_add(1, Ordering::Relaxed);
+        self.acct.resident.fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`Inner::became_resident`] for a folio most of whose pages another

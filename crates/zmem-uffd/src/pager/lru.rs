@@ -160,11 +160,11 @@ impl Inner {
         if st.queued[f].swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut lru = self.lru.lock_ok();
+        let mut lru = self.lists.lru.lock_ok();
         let list = if once { &mut lru.once } else { &mut lru.inactive };
         list.push_back((Arc::clone(st), f));
         drop(lru);
-        self.lru_len.fetch_add(1, Ordering::Relaxed);
+        self.lists.lru_len.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether folio `f` was written since the last sweep
@@ -203,15 +203,15 @@ impl Inner {
     /// in 48 s (ARCHITECTURE, *Choosing victims*).
     fn sweep_writes_if_due(&self, tracker: &mut WriteTracker) {
         let scans = self.counters.write_scans.load(Ordering::Relaxed);
-        let due = (self.resident.load(Ordering::Relaxed) as u64).max(SWEEP_MIN_LOOKS);
-        if scans.saturating_sub(self.swept_at_scans.load(Ordering::Relaxed)) < due {
+        let due = (self.acct.resident.load(Ordering::Relaxed) as u64).max(SWEEP_MIN_LOOKS);
+        if scans.saturating_sub(self.lists.swept_at_scans.load(Ordering::Relaxed)) < due {
             return;
         }
-        self.swept_at_scans.store(scans, Ordering::Relaxed);
+        self.lists.swept_at_scans.store(scans, Ordering::Relaxed);
         let fs = self.cfg.folio_size;
         let mut spans: HashMap<u32, (Arc<RegionState>, usize, usize)> = HashMap::new();
         {
-            let lru = self.lru.lock_ok();
+            let lru = self.lists.lru.lock_ok();
             for (st, f) in lru.once.iter().chain(&lru.inactive).chain(&lru.active) {
                 let e = spans.entry(st.id).or_insert_with(|| (Arc::clone(st), *f, *f));
                 (e.1, e.2) = (e.1.min(*f), e.2.max(*f));
@@ -269,11 +269,11 @@ impl Inner {
             }
         };
         let left = |(st, f): &(Arc<RegionState>, usize)| {
-            self.lru_len.fetch_sub(1, Ordering::Relaxed);
+            self.lists.lru_len.fetch_sub(1, Ordering::Relaxed);
             st.queued[*f].store(false, Ordering::Release);
         };
         let keep_once = self.cfg.keep_once_folios();
-        let mut lru = self.lru.lock_ok();
+        let mut lru = self.lists.lru.lock_ok();
         let (before, unlooked) = (lru.once_victims, lru.unlooked_victims);
         let victims = lru.isolate(self.cfg.batch_folios(), keep_once, look, live, left);
         self.counters.walk_evictions.fetch_add(lru.once_victims - before, Ordering::Relaxed);
@@ -288,6 +288,24 @@ impl Inner {
         }
         victims
     }
+}
+
+/// The reclaim lists and what counts the looks at them.
+#[derive(Default)]
+pub(super) struct ReclaimLists {
+    pub(super) lru: std::sync::Mutex<Lru<(std::sync::Arc<super::RegionState>, usize)>>,
+    /// Entries on the reclaim lists (some may be stale).
+    pub(super) lru_len: std::sync::atomic::AtomicUsize,
+    /// `write_scans` at the last write-protect sweep (`lru.rs`).
+    pub(super) swept_at_scans: std::sync::atomic::AtomicU64,
+    /// Folios evicted so far (wrapping): the clock of refault distances
+    /// (`RegionState::evicted_at`).
+    pub(super) evict_clock: std::sync::atomic::AtomicU32,
+    /// Shared pages of the folios on the shared list (`Lru::shared`):
+    /// resident, but charged to no one while another process maps them too.
+    pub(super) shared_pages: std::sync::atomic::AtomicUsize,
+    /// `reclaim_now` asks for a look at the shared folios; cleared once done.
+    pub(super) rescan_shared_now: std::sync::atomic::AtomicBool,
 }
 
 #[cfg(test)]

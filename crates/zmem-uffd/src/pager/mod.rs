@@ -26,6 +26,14 @@
 //! | `fork.rs`, `handover.rs`, `import.rs` | fork with load-back; fork with the child taking its pages over (the parent's side, the child's) |
 //! | `stats.rs`, `config.rs` | counters; settings and errors |
 //!
+//! `Inner`, what every pager thread shares, holds the settings, the uffd and
+//! the tier, and five components, each with its own fields and locks, in the
+//! file that keeps their rules: `folios` (`region::FolioTable`: the regions,
+//! the stripe locks, and what hangs off a folio between states), `lists`
+//! (`lru::ReclaimLists`), `fork` (`fork::ForkState`), `gate`
+//! (`events::EventsGate`: `events` and `dropping`) and `acct`
+//! (`accounting::Accounting`: usage, the limit, reclaim's wake-ups).
+//!
 //! # Folio states (`Folio`)
 //! ```text
 //! Never ──fault: ZEROPAGE──► Resident ──reclaim: isolate──► Evicting
@@ -137,9 +145,8 @@ mod staging;
 mod stats;
 mod uaccess;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
@@ -148,7 +155,7 @@ use zmem_tier::{Tier, TierConfig};
 
 pub use config::{AdoptConfig, PagerConfig, PagerError};
 pub use follow::unhold_current_thread;
-use lru::Lru;
+
 pub use region::Region;
 use region::RegionState;
 use staging::Staging;
@@ -156,7 +163,6 @@ use stats::Counters;
 pub use stats::{PagerStats, REFAULT_BUCKETS};
 
 use crate::sys::{RegisterMode, Uffd, UffdError};
-use zmem_common::PAGE_SIZE;
 
 /// A folio's state (one byte per folio in its region's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,42 +189,14 @@ impl Folio {
     }
 }
 
-const STRIPES: usize = 256;
-
 struct Inner {
     cfg: PagerConfig,
     uffd: Uffd,
     tier: Tier,
-    /// Regions by (start, id): an adopted region may lie in a hole of an
-    /// older one (the program unmapped part of it, and the kernel put a new
-    /// mapping there), so two may share a start.
-    regions: RwLock<BTreeMap<(u64, u32), Arc<RegionState>>>,
-    /// Folio locks, striped (`stripe`); each counts the threads waiting on
-    /// its condvar for a folio's eviction to finish.
-    stripes: Vec<(Mutex<u32>, Condvar)>,
-    lru: Mutex<Lru<(Arc<RegionState>, usize)>>,
-    resident: AtomicUsize,
-    /// Bumped before a page the program had mapped may stop being mapped
-    /// (an eviction, a drop or move the program made, a new region): a
-    /// caller that found a range mapped at one epoch knows it still is
-    /// while the epoch has not moved (`uaccess.rs`). Each pager's starts
-    /// at its own base (`EPOCH_BASES`).
-    epoch: AtomicU64,
-    /// Pages of Resident folios left in the tier by partial loads
-    /// (`RegionState::swapped`): `resident` counts whole folios, and usage
-    /// takes these back off.
-    swapped_pages: AtomicUsize,
-    /// Bytes of folio tables of live regions.
-    tables: AtomicUsize,
-    /// Entries on the reclaim lists (some may be stale).
-    lru_len: AtomicUsize,
-    /// `write_scans` at the last write-protect sweep (`lru.rs`).
-    swept_at_scans: AtomicU64,
     tracking: bool,
     /// This process's maps file (`vmas::open_maps`), or why it could not
     /// be opened: for the scans, and for the mapping around an address.
     maps: Result<zmem_common::host::fds::KeptFd, rustix::io::Errno>,
-    next_region: AtomicU32,
     counters: Counters,
     stop: AtomicBool,
     /// The pager's threads that are running, by name and thread id: one
@@ -227,112 +205,14 @@ struct Inner {
     running: Mutex<Vec<(String, i32)>>,
     /// How many threads the pager started (0 until they are all spawned).
     threads_started: AtomicUsize,
-    kick: (Mutex<bool>, Condvar),
-    /// The count of threads in `wait_for_reclaim_while`, and their wake-up.
-    reclaimed: (Mutex<u32>, Condvar),
-    /// The stores of the reclaim pass under way, which a fault waiting in
-    /// `throttle` helps with (`direct.rs`). A leaf lock, held only to
-    /// publish, take or clear the pass.
-    pass_stores: Mutex<Option<Arc<direct::PassStores>>>,
-    /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
-    /// Folio::Evicting, by (region id, folio): the evictor drops their entries
-    /// when it finishes. Also the pages dropped from a Resident folio whose
-    /// zap may still be to come (until a fault on the page shows it done):
-    /// the next eviction drops them too. Written and taken under the
-    /// folio's stripe lock.
-    dropped: Mutex<HashMap<(u32, usize), Vec<bool>>>,
-    /// Folios whose store was rejected: their pages, uncompressed, until a
-    /// fault maps them again. Reclaim never puts pages back itself: pages
-    /// are mapped only by loads, which step over what the program is
-    /// dropping (`dropping`), so a page it dropped never comes back.
-    held: Mutex<HashMap<(u32, usize), Held>>,
-    /// The folios of the pass under way whose pages MOVE put in staging,
-    /// by (region id, folio): a fault on one is served from its slot
-    /// (`Inner::rescue`), as the kernel's swap cache serves a fault on a
-    /// folio under writeback, instead of waiting for the whole pass to be
-    /// stored. Put by reclaim before it stores the pass, taken by
-    /// `finish`; looked up and marked rescued by a handler. Both under the
-    /// folio's stripe lock.
-    staged: Mutex<HashMap<(u32, usize), Staged>>,
-    /// Folios (region id, folio) whose copy-on-write reclaim broke because
-    /// a MOVE found them busy (`break_cow`), and that have not moved
-    /// since: busy again, they are pinned, not shared (`evict_batch`).
-    /// Only the reclaim thread uses it.
-    cow_broken: Mutex<HashSet<(u32, usize)>>,
-    /// Folios that were Evicting when a partial mremap moved them (all or
-    /// part) into a split-off region: by (region id, folio), each new
-    /// region's folio and which pages moved there. The evictor passes the
-    /// folio on when it finishes (`events.rs`). Several: two mremaps can
-    /// move two parts of one folio while it is evicted; and a folio waiting
-    /// for its forward can itself be moved on (its forwards are passed on
-    /// in turn).
-    forwards: Mutex<HashMap<(u32, usize), Vec<Forward>>>,
-    held_bytes: AtomicUsize,
-    /// Written by a handler from reading a batch of events until it has
-    /// recorded their UNMAP and REMAP bookkeeping (see `Region::drop`) and
-    /// their dropped ranges (`dropping`). Read by reclaim over its MOVEs,
-    /// and by whoever COPYs pages into the program (a handler, or the
-    /// thread preparing a fork) over its COPYs: tried only, under a
-    /// stripe lock (`copy_folio`). Lock order: `events`, then stripe locks.
-    events: RwLock<()>,
-    /// The ranges of REMOVE and UNMAP events read but not yet dropped
-    /// (`drop_range`): from the read on, the kernel may zap them at any
-    /// moment, and a page COPYed there after the zap would come back with
-    /// its old bytes after the program dropped it. Every COPY of data
-    /// steps over them (`copy_folio`), under `events` (read).
-    dropping: Mutex<Vec<(u64, u64)>>,
-    /// The limit is soft (see [`PagerStats::limit_soft_events`]).
-    soft: AtomicBool,
-    /// Rounds of the reclaim loop done (`Pager::reclaim_now` waits for the
-    /// one after its kick).
-    reclaim_rounds: AtomicU64,
     /// UFFDIO_POISON is available for pages that fail to load.
     poison: bool,
-    /// A fork is being prepared: reclaim isolates nothing, faults do not
-    /// wait for it (see `fork.rs`).
-    frozen: AtomicBool,
-    /// Held by reclaim over a run of passes, so `fork_prepare` can wait for
-    /// the one in flight.
-    reclaim_gate: Mutex<()>,
-    /// The process has forked: pages may be shared with a child, and
-    /// reclaim makes a folio's pages the parent's own before it moves them.
-    forked: AtomicBool,
     /// A folio of zeros, the source of a write fault's COPY on a folio
     /// never touched.
     zeros: Box<[u8]>,
-    /// `reclaim_now` asks for a look at the shared folios; cleared once done.
-    rescan_shared_now: AtomicBool,
     /// Scans adopt new mappings (`PagerConfig::adopt`), until
     /// [`Pager::stop_adopting`].
     adopting: AtomicBool,
-    /// Shared pages of the folios on the shared list (`Lru::shared`):
-    /// resident, but charged to no one while another process maps them too.
-    shared_pages: AtomicUsize,
-    /// Folios evicted so far (wrapping): the clock of refault distances
-    /// (`RegionState::evicted_at`).
-    evict_clock: AtomicU32,
-    /// The pool's share of the limit, percent: `cfg.tier.max_pool_percent`,
-    /// moved by `balance_pool` when `cfg.pool_balance` is on.
-    pool_percent: AtomicU32,
-    /// Refaults that a resident set one balance step larger would have
-    /// saved (`balance.rs`).
-    balance_refaults: AtomicU64,
-    /// This process's slot in its tree's accounting (`PagerConfig::tree`).
-    member: Option<crate::tree::Member>,
-    /// The limit that applies now: `cfg.limit`, or this process's share of
-    /// its tree's (refreshed by `refresh_limit`).
-    limit_now: AtomicUsize,
-    /// With `fork_event`: the two ends of the socket pair a fork's
-    /// hand-over goes through, made by `fork_prepare`; the parent's end is
-    /// taken by the handler as it reads the FORK event, the child's by the
-    /// child (and closed by the parent step). See `handover.rs`.
-    link_parent: Mutex<Option<zmem_common::host::fds::KeptFd>>,
-    link_child: Mutex<Option<zmem_common::host::fds::KeptFd>>,
-    /// `handover::Fork` as a number: where the last fork is.
-    fork_state: std::sync::atomic::AtomicU8,
-    /// The handler is serving a forked child until it hands over: nothing
-    /// may free an entry the child may still need (`wait_handover`).
-    serving_child: AtomicBool,
     /// Handlers between reading events and being done with them (every
     /// free and allocation made). `fork_prepare` waits for none: with
     /// `fork_event` the fork waits for its event to be read while the
@@ -340,6 +220,18 @@ struct Inner {
     /// freeing what served the forking thread's last fault would wait for
     /// them (see `Inner::wait_handlers_at_rest`).
     handlers_busy: AtomicUsize,
+    /// The regions and their folios' states, and what hangs off a folio
+    /// between its states (`region.rs`).
+    folios: region::FolioTable,
+    /// The reclaim lists and the clocks of the looks (`lru.rs`).
+    lists: lru::ReclaimLists,
+    /// Where a fork is, and what it holds still (`fork.rs`, `handover.rs`).
+    fork: fork::ForkState,
+    /// The events gate: COPY and MOVE against the events the handler reads
+    /// (`events.rs`).
+    gate: events::EventsGate,
+    /// Usage, the limit and reclaim's wake-ups (`accounting.rs`).
+    acct: accounting::Accounting,
 }
 
 /// An Evicting folio's pages in staging (see `Inner::staged`).
@@ -439,52 +331,31 @@ impl Pager {
         // with EAGAIN (an unread event), and the pages must survive a retry.
         let tier = Tier::new(TierConfig { exclusive_loads: false, ..cfg.tier.clone() })?;
         let inner = Arc::new(Inner {
-            stripes: (0..STRIPES).map(|_| (Mutex::new(0), Condvar::new())).collect(),
-            lru: Mutex::new(Lru::default()),
-            regions: RwLock::new(BTreeMap::new()),
-            epoch: AtomicU64::new(uaccess::epoch_base()),
-            resident: AtomicUsize::new(0),
-            swapped_pages: AtomicUsize::new(0),
-            tables: AtomicUsize::new(0),
-            lru_len: AtomicUsize::new(0),
-            swept_at_scans: AtomicU64::new(0),
+            folios: region::FolioTable::new(uaccess::epoch_base()),
+            lists: lru::ReclaimLists::default(),
+            fork: fork::ForkState::default(),
+            gate: events::EventsGate::default(),
+            acct: accounting::Accounting {
+                resident: AtomicUsize::new(0),
+                soft: AtomicBool::new(false),
+                limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
+                pool_percent: AtomicU32::new(cfg.tier.max_pool_percent),
+                balance_refaults: AtomicU64::new(0),
+                member,
+                kick: (Mutex::new(false), Condvar::new()),
+                reclaimed: (Mutex::new(0), Condvar::new()),
+                pass_stores: Mutex::new(None),
+                reclaim_rounds: AtomicU64::new(0),
+            },
             tracking,
             maps,
-            next_region: AtomicU32::new(1),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
             running: Mutex::new(Vec::new()),
             threads_started: AtomicUsize::new(0),
-            kick: (Mutex::new(false), Condvar::new()),
-            reclaimed: (Mutex::new(0), Condvar::new()),
-            pass_stores: Mutex::new(None),
-            dropped: Mutex::new(HashMap::new()),
-            staged: Mutex::new(HashMap::new()),
-            cow_broken: Mutex::new(HashSet::new()),
-            held: Mutex::new(HashMap::new()),
-            forwards: Mutex::new(HashMap::new()),
-            held_bytes: AtomicUsize::new(0),
-            events: RwLock::new(()),
-            dropping: Mutex::new(Vec::new()),
-            soft: AtomicBool::new(false),
-            reclaim_rounds: AtomicU64::new(0),
             poison,
-            frozen: AtomicBool::new(false),
-            reclaim_gate: Mutex::new(()),
-            forked: AtomicBool::new(false),
-            shared_pages: AtomicUsize::new(0),
-            evict_clock: AtomicU32::new(0),
-            pool_percent: AtomicU32::new(cfg.tier.max_pool_percent),
-            balance_refaults: AtomicU64::new(0),
             adopting: AtomicBool::new(true),
-            rescan_shared_now: AtomicBool::new(false),
             zeros: vec![0u8; cfg.folio_size].into_boxed_slice(),
-            limit_now: AtomicUsize::new(member.as_ref().map_or(cfg.limit, |m| m.tree().limit())),
-            member,
-            link_parent: Mutex::new(None),
-            link_child: Mutex::new(None),
-            fork_state: std::sync::atomic::AtomicU8::new(0),
-            serving_child: AtomicBool::new(false),
             handlers_busy: AtomicUsize::new(0),
             uffd,
             tier,
@@ -495,7 +366,7 @@ impl Pager {
             // Before any thread: the child's faults wait in the kernel until
             // its pages are where the handler looks for them.
             inner.import_fork(&snap)?;
-            inner.forked.store(true, Ordering::Relaxed);
+            inner.fork.forked.store(true, Ordering::Relaxed);
         }
         let threads = spawn_threads(&inner, staging)?;
         Ok(Pager { inner, threads: Mutex::new(threads) })
@@ -539,21 +410,22 @@ impl Pager {
     /// exited).
     pub fn reclaim_now(&self) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        if self.inner.forked.load(Ordering::Relaxed) {
-            self.inner.rescan_shared_now.store(true, Ordering::Release);
+        if self.inner.fork.forked.load(Ordering::Relaxed) {
+            self.inner.lists.rescan_shared_now.store(true, Ordering::Release);
             self.inner.kick_reclaim();
             self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(1), false, || {
-                self.inner.rescan_shared_now.load(Ordering::Acquire)
+                self.inner.lists.rescan_shared_now.load(Ordering::Acquire)
             });
         }
         // A soft limit is read only once reclaim has seen the kick: the
         // round under way may have set it before the program's latest
         // loads put folios back on the lists.
-        let round = self.inner.reclaim_rounds.load(Ordering::Acquire);
+        let round = self.inner.acct.reclaim_rounds.load(Ordering::Acquire);
         self.inner.kick_reclaim();
         self.inner.wait_for_reclaim_while(deadline, Duration::from_millis(5), false, || {
-            (self.inner.reclaim_rounds.load(Ordering::Acquire) < round + 2 && !self.inner.stop.load(Ordering::Acquire))
-                || (self.inner.usage() > self.inner.low() && !self.inner.soft.load(Ordering::Relaxed))
+            (self.inner.acct.reclaim_rounds.load(Ordering::Acquire) < round + 2
+                && !self.inner.stop.load(Ordering::Acquire))
+                || (self.inner.usage() > self.inner.low() && !self.inner.acct.soft.load(Ordering::Relaxed))
         });
     }
 }
@@ -566,10 +438,10 @@ impl Drop for Pager {
         self.inner.stop.store(true, Ordering::Release);
         self.inner.kick_reclaim();
         // Reclaim isolates nothing more; adopted regions go back whole.
-        self.inner.frozen.store(true, Ordering::Release);
-        drop(self.inner.reclaim_gate.lock_ok());
+        self.inner.fork.frozen.store(true, Ordering::Release);
+        drop(self.inner.fork.reclaim_gate.lock_ok());
         self.inner.release_adopted();
-        if self.inner.regions.read_ok().is_empty() {
+        if self.inner.folios.regions.read_ok().is_empty() {
             for t in self.threads.get_mut().unwrap_or_else(PoisonError::into_inner).drain(..) {
                 let _ = t.join();
             }
@@ -616,122 +488,6 @@ impl Inner {
 
     pub(super) fn register_mode(&self) -> RegisterMode {
         RegisterMode { missing: true, wp: self.tracking }
-    }
-
-    pub(super) fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<u32>, Condvar) {
-        &self.stripes[(st.id as usize * 7919 + f) % STRIPES]
-    }
-
-    /// The region that holds `addr`: its range covers it and the program
-    /// has not unmapped it there.
-    pub(super) fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
-        let regions = self.regions.read_ok();
-        regions
-            .range(..=(addr, u32::MAX))
-            .rev()
-            .map(|(_, r)| r)
-            .find(|r| {
-                let s = r.start.load(Ordering::Acquire);
-                addr < s + r.len as u64 && !r.in_hole((addr - s) as usize)
-            })
-            .cloned()
-    }
-
-    /// The regions whose ranges overlap `[start, end)`, holes or not.
-    pub(super) fn regions_in(&self, start: u64, end: u64) -> Vec<Arc<RegionState>> {
-        let regions = self.regions.read_ok();
-        regions
-            .range(..(end, 0))
-            .map(|(_, r)| r)
-            .filter(|r| r.start.load(Ordering::Acquire) + r.len as u64 > start)
-            .cloned()
-            .collect()
-    }
-
-    /// Drops every entry of folio `f`, and its held pages. The caller holds
-    /// the folio's stripe lock, or owns the folio (a dying region).
-    /// A region never touches the entries of pages in its holes: they were
-    /// invalidated when the program unmapped them, or belong to the region
-    /// a partial mremap split off.
-    pub(super) fn invalidate_folio(&self, st: &RegionState, f: usize) {
-        for p in self.folio_pages(st, f) {
-            self.tier.invalidate(st.key(p));
-        }
-        self.unhold(st, f);
-    }
-
-    /// The pages of folio `f` of `st` (region page numbers) that are not in
-    /// its holes: those whose entries are this region's.
-    pub(super) fn folio_pages(&self, st: &RegionState, f: usize) -> impl Iterator<Item = usize> {
-        let ppf = self.cfg.folio_size / PAGE_SIZE;
-        let holes = st.holes_in(f * ppf, ppf);
-        (f * ppf..(f + 1) * ppf).filter(move |&p| !holes.as_ref().is_some_and(|h| h[p - f * ppf]))
-    }
-
-    /// After pages `mask` of folio `f` (bit `i`: page `i`; `u64::MAX`: all)
-    /// were mapped again from `pages`, the folio's bytes: their pool entries
-    /// stay as clean copies (`Tier::retain_clean`), their other entries go.
-    /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
-    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], once: bool) {
-        let ppf = self.cfg.folio_size / PAGE_SIZE;
-        let mut kept = false;
-        // A kept pool entry is memory beside the page it copies, charged to
-        // the limit: kept only below the low watermark, where it costs no
-        // eviction. (Entries in the swap file cost no memory.) A walk's
-        // folios, and a fork's (`once`), keep theirs at any usage: they go
-        // first (`Lru::once`),
-        // and their entries are what they will be evicted into, so freeing
-        // one now would only cost a compression then.
-        let keep_pool = once || self.usage() + self.cfg.folio_size <= self.low();
-        // A written-back entry is kept only where the pool could not take
-        // the page anyway (`Tier::retain_clean_unless`): a hot page would
-        // otherwise go back and forth between the program and its slot,
-        // each load a read of the disk, while the pool sits half empty. A
-        // walk's keep theirs, as its pool entries: the walk reads on, its
-        // folios go out behind it, into these entries, and are not read
-        // again soon (`a_walk_over_more_than_the_limit_evicts_behind_itself`
-        // compressed 26% of what it evicted without this, 2-5% with it).
-        let room = !once && self.tier.pool_has_room();
-        for p in self.folio_pages(st, f) {
-            let i = p - f * ppf;
-            if i < 64 && mask >> i & 1 == 0 {
-                continue;
-            }
-            kept |=
-                self.tier.retain_clean_unless(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool, room);
-        }
-        if mask == u64::MAX {
-            st.cached[f].store(kept, Ordering::Relaxed);
-            self.unhold(st, f);
-        } else if kept {
-            st.cached[f].store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Marks pages `mask` of Resident folio `f` as left in the tier (none of
-    /// them was). The caller holds the folio's stripe lock.
-    pub(super) fn set_swapped(&self, st: &RegionState, f: usize, mask: u64) {
-        let old = st.swapped[f].fetch_or(mask, Ordering::Relaxed);
-        debug_assert_eq!(old & mask, 0, "pages marked swapped twice");
-        self.swapped_pages.fetch_add((mask & !old).count_ones() as usize, Ordering::Relaxed);
-    }
-
-    /// Unmarks pages `mask` of folio `f` (loaded, dropped, or the folio
-    /// leaves Resident); returns those of them that were marked. The caller
-    /// holds the folio's stripe lock.
-    pub(super) fn clear_swapped(&self, st: &RegionState, f: usize, mask: u64) -> u64 {
-        if st.swapped[f].load(Ordering::Relaxed) & mask == 0 {
-            return 0;
-        }
-        let was = st.swapped[f].fetch_and(!mask, Ordering::Relaxed) & mask;
-        self.swapped_pages.fetch_sub(was.count_ones() as usize, Ordering::Relaxed);
-        was
-    }
-
-    pub(super) fn unhold(&self, st: &RegionState, f: usize) {
-        if let Some(h) = self.held.lock_ok().remove(&(st.id, f)) {
-            self.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
-        }
     }
 }
 

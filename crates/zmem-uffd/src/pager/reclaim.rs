@@ -111,9 +111,9 @@ impl Inner {
             // Before it waits (`zmem_common::host::tls`).
             zmem_common::host::tls::keep_resident();
             {
-                let mut k = self.kick.0.lock_ok();
+                let mut k = self.acct.kick.0.lock_ok();
                 if !*k {
-                    k = unpoison(self.kick.1.wait_timeout(k, Duration::from_millis(10))).0;
+                    k = unpoison(self.acct.kick.1.wait_timeout(k, Duration::from_millis(10))).0;
                 }
                 *k = false;
             }
@@ -126,9 +126,9 @@ impl Inner {
             self.refresh_limit();
             self.timed_chores(&mut r.chores);
             if self.usage() <= self.limit() {
-                self.soft.store(false, Ordering::Relaxed);
+                self.acct.soft.store(false, Ordering::Relaxed);
             }
-            let gate = self.reclaim_gate.lock_ok();
+            let gate = self.fork.reclaim_gate.lock_ok();
             self.scan_if_due(&mut r);
             let due = Instant::now() >= r.retry_at || (r.stuck_on_empty_lists && self.evictable_listed());
             if self.usage() > self.high() && due && !self.is_frozen() {
@@ -136,29 +136,29 @@ impl Inner {
             }
             self.recompress_if_idle(&mut r);
             drop(gate);
-            self.reclaim_rounds.fetch_add(1, Ordering::Release);
+            self.acct.reclaim_rounds.fetch_add(1, Ordering::Release);
             self.wake_reclaim_waiters();
         }
     }
 
     fn is_frozen(&self) -> bool {
-        self.frozen.load(Ordering::Acquire)
+        self.fork.frozen.load(Ordering::Acquire)
     }
 
     /// Folios set aside go back on the lists when their time comes: those a
     /// fork left shared (`Lru::shared`), and the unevictable ones.
     fn rescans(&self, r: &mut Reclaimer) {
-        if self.forked.load(Ordering::Relaxed)
-            && (r.shared_at.elapsed() >= SHARED_RESCAN || self.rescan_shared_now.load(Ordering::Acquire))
+        if self.fork.forked.load(Ordering::Relaxed)
+            && (r.shared_at.elapsed() >= SHARED_RESCAN || self.lists.rescan_shared_now.load(Ordering::Acquire))
         {
             r.shared_at = Instant::now();
             self.rescan_shared(&r.staging);
-            self.rescan_shared_now.store(false, Ordering::Release);
+            self.lists.rescan_shared_now.store(false, Ordering::Release);
             self.wake_reclaim_waiters();
         }
         if Instant::now() >= r.rescan_at {
             r.rescan_at = Instant::now() + UNEVICTABLE_RESCAN;
-            let mut lru = self.lru.lock_ok();
+            let mut lru = self.lists.lru.lock_ok();
             let back = std::mem::take(&mut lru.unevictable);
             lru.inactive.extend(back);
         }
@@ -203,7 +203,7 @@ impl Inner {
             self.tier.shrink_to_limit();
             let shrank = self.tier.pool_total_size() < pool_before;
             let pass = self.evict_batch(&mut r.staging, r.tracker.as_mut());
-            if let Some(m) = &self.member {
+            if let Some(m) = &self.acct.member {
                 m.add_evicted(pass.evicted as u64);
             }
             self.refresh_limit();
@@ -214,7 +214,7 @@ impl Inner {
             if shrank || pass.evicted + pass.parked + pass.rescued > 0 || (pass.unevictable > 0 && pass.rejected == 0) {
                 // Progress, or unevictable folios set aside: go on.
                 r.backoff = Duration::ZERO;
-                self.soft.store(false, Ordering::Relaxed);
+                self.acct.soft.store(false, Ordering::Relaxed);
                 continue;
             }
             self.stuck(r, &pass);
@@ -240,7 +240,7 @@ impl Inner {
         // (Whatever is listed now came after the pass looked: a fault
         // since.)
         r.stuck_on_empty_lists = pass.isolated == 0;
-        if self.soft.swap(true, Ordering::Relaxed) {
+        if self.acct.soft.swap(true, Ordering::Relaxed) {
             return;
         }
         inc(&self.counters.limit_soft_events);
@@ -252,7 +252,7 @@ impl Inner {
         // got shares of 2-4 MiB under 32M and 150M, just above the floor,
         // and warned. A lone process, or one holding most of the tree's
         // limit, still warns: that is the user's limit missed.
-        let floor = self.member.as_ref().is_some_and(|m| {
+        let floor = self.acct.member.as_ref().is_some_and(|m| {
             let floor = self.share_floor();
             self.limit() <= floor || (self.limit() <= m.tree().limit() / 2 && self.usage() <= self.limit() + floor)
         });
@@ -263,7 +263,7 @@ impl Inner {
         // Once per tree: its other processes would say the same
         // (`ZMEM_LOG=info` shows them).
         let first =
-            !floor && self.member.as_ref().is_none_or(|m| m.tree().first_warning(crate::tree::Warning::SoftLimit));
+            !floor && self.acct.member.as_ref().is_none_or(|m| m.tree().first_warning(crate::tree::Warning::SoftLimit));
         let level = if first { log::Level::Warn } else { log::Level::Info };
         log::log!(
             level,
@@ -282,7 +282,7 @@ impl Inner {
     /// (`PagerConfig::recompress`).
     fn recompress_if_idle(&self, r: &mut Reclaimer) {
         let Some(spec) = r.recompress else { return };
-        let idle = self.usage() <= self.high() || self.soft.load(Ordering::Relaxed);
+        let idle = self.usage() <= self.high() || self.acct.soft.load(Ordering::Relaxed);
         if !idle || r.recompressed_at.elapsed() < RECOMPRESS_INTERVAL || self.is_frozen() {
             return;
         }
@@ -310,7 +310,7 @@ impl Inner {
     /// swap file then served under 1% of the loads; 18.8 s against the
     /// 13.8 s of a run that happened to reach the floor and lz4 first.
     fn timed_chores(&self, c: &mut Chores) {
-        if let Some(m) = &self.member {
+        if let Some(m) = &self.acct.member {
             if c.swept_at.elapsed() >= TREE_SWEEP {
                 c.swept_at = Instant::now();
                 m.tree().sweep();
@@ -323,7 +323,7 @@ impl Inner {
     /// Whether a folio waits on the active, inactive or once list (not set
     /// aside as unevictable or shared).
     fn evictable_listed(&self) -> bool {
-        let lru = self.lru.lock_ok();
+        let lru = self.lists.lru.lock_ok();
         !(lru.active.is_empty() && lru.inactive.is_empty() && lru.once.is_empty())
     }
 
@@ -353,12 +353,12 @@ impl Inner {
             } else {
                 "the pool is full and writeback is off"
             }
-        } else if pass.unevictable > 0 || !self.lru.lock_ok().unevictable.is_empty() {
+        } else if pass.unevictable > 0 || !self.lists.lru.lock_ok().unevictable.is_empty() {
             "what is left is locked or pinned"
         } else {
             "nothing is on the reclaim lists: the rest is the pool, metadata, or pages shared with another process"
         };
-        match &self.member {
+        match &self.acct.member {
             Some(m) => format!("{why}; the limit is this process's share of the tree's {} MiB", m.tree().limit() >> 20),
             None => why.to_string(),
         }

@@ -2,13 +2,16 @@
 //! tables.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use zmem_common::{unpoison, LockExt, RwLockExt};
 
 use super::{Folio, Inner, Pager, PagerError};
 use crate::mapping::Mapping;
 use crate::sys::{Uffd, UffdError};
 use zmem_common::PAGE_SIZE;
+
+/// The folio locks of a pager, striped by region and folio.
+pub(super) const STRIPES: usize = 256;
 
 /// A region's bookkeeping: 3 bytes per folio.
 #[derive(Debug)]
@@ -319,7 +322,7 @@ impl Drop for Region {
         // it lets go of it; a munmap or mremap the program made returned
         // only after its event was read, so once we have held the lock, the
         // address and the holes are current.
-        drop(inner.events.read_ok());
+        drop(inner.gate.events.read_ok());
         let addr = st.start.load(Ordering::Acquire);
         let mapped = st.mapped_parts();
         // Only what is still ours: a hole's addresses may belong to another
@@ -327,7 +330,7 @@ impl Drop for Region {
         for &(a, b) in &mapped {
             let _ = inner.uffd.unregister(addr + a as u64, (b - a) as u64);
         }
-        inner.regions.write_ok().remove(&(addr, st.id));
+        inner.folios.regions.write_ok().remove(&(addr, st.id));
         for f in 0..st.state.len() {
             let (lock, cv) = inner.stripe(st, f);
             let mut g = lock.lock_ok();
@@ -342,14 +345,14 @@ impl Drop for Region {
             let swapped = inner.clear_swapped(st, f, u64::MAX);
             drop(g);
             if old == Folio::Resident {
-                inner.resident.fetch_sub(1, Ordering::Relaxed);
-                inner.dropped.lock_ok().remove(&(st.id, f));
+                inner.acct.resident.fetch_sub(1, Ordering::Relaxed);
+                inner.folios.dropped.lock_ok().remove(&(st.id, f));
             }
             if old == Folio::Evicted || st.cached[f].swap(false, Ordering::Relaxed) || swapped != 0 {
                 inner.invalidate_folio(st, f);
             }
         }
-        inner.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
+        inner.folios.tables.fetch_sub(st.state.len() * FOLIO_TABLE_BYTES, Ordering::Relaxed);
         // Unregistered, so munmap raises no event. The region may have been
         // mremapped since it was mapped: unmap it where it is now.
         if let Some(m) = st.mapping.lock_ok().take() {
@@ -391,8 +394,8 @@ impl Inner {
         key_base: Option<u64>,
     ) -> Arc<RegionState> {
         let nf = len / self.cfg.folio_size;
-        self.tables.fetch_add(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
-        let id = self.next_region.fetch_add(1, Ordering::Relaxed);
+        self.folios.tables.fetch_add(nf * FOLIO_TABLE_BYTES, Ordering::Relaxed);
+        let id = self.folios.next_region.fetch_add(1, Ordering::Relaxed);
         Arc::new(RegionState {
             id,
             key_base: key_base.unwrap_or(u64::from(id) << 40),
@@ -431,8 +434,210 @@ impl Pager {
             m.dont_fork().map_err(PagerError::Map)?;
         }
         let state = self.inner.new_region(addr, len, Some(m))?;
-        self.inner.regions.write_ok().insert((addr, state.id), Arc::clone(&state));
+        self.inner.folios.regions.write_ok().insert((addr, state.id), Arc::clone(&state));
         self.inner.unmapping();
         Ok(Region { state, inner: Arc::clone(&self.inner) })
+    }
+}
+
+/// The folio table: every region and its folios' states, the stripe locks
+/// that guard them, and what hangs off a folio between its states (pages
+/// dropped while it was evicted, held pages, its pages in staging, where a
+/// move sent it). Its bookkeeping is in this file (`retain_pages`,
+/// `set_swapped`, `invalidate_folio`, `unhold`).
+pub(super) struct FolioTable {
+    /// Regions by (start, id): an adopted region may lie in a hole of an
+    /// older one (the program unmapped part of it, and the kernel put a new
+    /// mapping there), so two may share a start.
+    pub(super) regions: std::sync::RwLock<std::collections::BTreeMap<(u64, u32), std::sync::Arc<RegionState>>>,
+    /// Folio locks, striped (`stripe`); each counts the threads waiting on
+    /// its condvar for a folio's eviction to finish.
+    pub(super) stripes: Vec<(std::sync::Mutex<u32>, std::sync::Condvar)>,
+    pub(super) next_region: std::sync::atomic::AtomicU32,
+    /// Bytes of folio tables of live regions.
+    pub(super) tables: std::sync::atomic::AtomicUsize,
+    /// Pages of Resident folios left in the tier by partial loads
+    /// (`RegionState::swapped`): `resident` counts whole folios, and usage
+    /// takes these back off.
+    pub(super) swapped_pages: std::sync::atomic::AtomicUsize,
+    /// Bumped before a page the program had mapped may stop being mapped
+    /// (an eviction, a drop or move the program made, a new region): a
+    /// caller that found a range mapped at one epoch knows it still is
+    /// while the epoch has not moved (`uaccess.rs`). Each pager's starts
+    /// at its own base (`EPOCH_BASES`).
+    pub(super) epoch: std::sync::atomic::AtomicU64,
+    /// Pages dropped by the program (REMOVE, UNMAP) while their folio was
+    /// Folio::Evicting, by (region id, folio): the evictor drops their entries
+    /// when it finishes. Also the pages dropped from a Resident folio whose
+    /// zap may still be to come (until a fault on the page shows it done):
+    /// the next eviction drops them too. Written and taken under the
+    /// folio's stripe lock.
+    pub(super) dropped: std::sync::Mutex<std::collections::HashMap<(u32, usize), Vec<bool>>>,
+    /// Folios whose store was rejected: their pages, uncompressed, until a
+    /// fault maps them again. Reclaim never puts pages back itself: pages
+    /// are mapped only by loads, which step over what the program is
+    /// dropping (`dropping`), so a page it dropped never comes back.
+    pub(super) held: std::sync::Mutex<std::collections::HashMap<(u32, usize), super::Held>>,
+    pub(super) held_bytes: std::sync::atomic::AtomicUsize,
+    /// The folios of the pass under way whose pages MOVE put in staging,
+    /// by (region id, folio): a fault on one is served from its slot
+    /// (`Inner::rescue`), as the kernel's swap cache serves a fault on a
+    /// folio under writeback, instead of waiting for the whole pass to be
+    /// stored. Put by reclaim before it stores the pass, taken by
+    /// `finish`; looked up and marked rescued by a handler. Both under the
+    /// folio's stripe lock.
+    pub(super) staged: std::sync::Mutex<std::collections::HashMap<(u32, usize), super::Staged>>,
+    /// Folios that were Evicting when a partial mremap moved them (all or
+    /// part) into a split-off region: by (region id, folio), each new
+    /// region's folio and which pages moved there. The evictor passes the
+    /// folio on when it finishes (`events.rs`). Several: two mremaps can
+    /// move two parts of one folio while it is evicted; and a folio waiting
+    /// for its forward can itself be moved on (its forwards are passed on
+    /// in turn).
+    pub(super) forwards: std::sync::Mutex<std::collections::HashMap<(u32, usize), Vec<super::Forward>>>,
+    /// Folios (region id, folio) whose copy-on-write reclaim broke because
+    /// a MOVE found them busy (`break_cow`), and that have not moved
+    /// since: busy again, they are pinned, not shared (`evict_batch`).
+    /// Only the reclaim thread uses it.
+    pub(super) cow_broken: std::sync::Mutex<std::collections::HashSet<(u32, usize)>>,
+}
+
+impl FolioTable {
+    /// An empty table whose epoch starts at `epoch_base` (`uaccess.rs`).
+    pub(super) fn new(epoch_base: u64) -> FolioTable {
+        FolioTable {
+            regions: std::sync::RwLock::new(std::collections::BTreeMap::new()),
+            stripes: (0..STRIPES).map(|_| (std::sync::Mutex::new(0), std::sync::Condvar::new())).collect(),
+            next_region: std::sync::atomic::AtomicU32::new(1),
+            tables: Default::default(),
+            swapped_pages: Default::default(),
+            epoch: std::sync::atomic::AtomicU64::new(epoch_base),
+            dropped: Default::default(),
+            held: Default::default(),
+            held_bytes: Default::default(),
+            staged: Default::default(),
+            forwards: Default::default(),
+            cow_broken: Default::default(),
+        }
+    }
+}
+
+/// The folio table's bookkeeping: the stripe locks, the regions by address,
+/// and what a folio's pages leave behind as it moves between states.
+impl Inner {
+    pub(super) fn stripe(&self, st: &RegionState, f: usize) -> &(Mutex<u32>, Condvar) {
+        &self.folios.stripes[(st.id as usize * 7919 + f) % STRIPES]
+    }
+
+    /// The region that holds `addr`: its range covers it and the program
+    /// has not unmapped it there.
+    pub(super) fn region_at(&self, addr: u64) -> Option<Arc<RegionState>> {
+        let regions = self.folios.regions.read_ok();
+        regions
+            .range(..=(addr, u32::MAX))
+            .rev()
+            .map(|(_, r)| r)
+            .find(|r| {
+                let s = r.start.load(Ordering::Acquire);
+                addr < s + r.len as u64 && !r.in_hole((addr - s) as usize)
+            })
+            .cloned()
+    }
+
+    /// The regions whose ranges overlap `[start, end)`, holes or not.
+    pub(super) fn regions_in(&self, start: u64, end: u64) -> Vec<Arc<RegionState>> {
+        let regions = self.folios.regions.read_ok();
+        regions
+            .range(..(end, 0))
+            .map(|(_, r)| r)
+            .filter(|r| r.start.load(Ordering::Acquire) + r.len as u64 > start)
+            .cloned()
+            .collect()
+    }
+
+    /// Drops every entry of folio `f`, and its held pages. The caller holds
+    /// the folio's stripe lock, or owns the folio (a dying region).
+    /// A region never touches the entries of pages in its holes: they were
+    /// invalidated when the program unmapped them, or belong to the region
+    /// a partial mremap split off.
+    pub(super) fn invalidate_folio(&self, st: &RegionState, f: usize) {
+        for p in self.folio_pages(st, f) {
+            self.tier.invalidate(st.key(p));
+        }
+        self.unhold(st, f);
+    }
+
+    /// The pages of folio `f` of `st` (region page numbers) that are not in
+    /// its holes: those whose entries are this region's.
+    pub(super) fn folio_pages(&self, st: &RegionState, f: usize) -> impl Iterator<Item = usize> {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let holes = st.holes_in(f * ppf, ppf);
+        (f * ppf..(f + 1) * ppf).filter(move |&p| !holes.as_ref().is_some_and(|h| h[p - f * ppf]))
+    }
+
+    /// After pages `mask` of folio `f` (bit `i`: page `i`; `u64::MAX`: all)
+    /// were mapped again from `pages`, the folio's bytes: their pool entries
+    /// stay as clean copies (`Tier::retain_clean`), their other entries go.
+    /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
+    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], once: bool) {
+        let ppf = self.cfg.folio_size / PAGE_SIZE;
+        let mut kept = false;
+        // A kept pool entry is memory beside the page it copies, charged to
+        // the limit: kept only below the low watermark, where it costs no
+        // eviction. (Entries in the swap file cost no memory.) A walk's
+        // folios, and a fork's (`once`), keep theirs at any usage: they go
+        // first (`Lru::once`),
+        // and their entries are what they will be evicted into, so freeing
+        // one now would only cost a compression then.
+        let keep_pool = once || self.usage() + self.cfg.folio_size <= self.low();
+        // A written-back entry is kept only where the pool could not take
+        // the page anyway (`Tier::retain_clean_unless`): a hot page would
+        // otherwise go back and forth between the program and its slot,
+        // each load a read of the disk, while the pool sits half empty. A
+        // walk's keep theirs, as its pool entries: the walk reads on, its
+        // folios go out behind it, into these entries, and are not read
+        // again soon (`a_walk_over_more_than_the_limit_evicts_behind_itself`
+        // compressed 26% of what it evicted without this, 2-5% with it).
+        let room = !once && self.tier.pool_has_room();
+        for p in self.folio_pages(st, f) {
+            let i = p - f * ppf;
+            if i < 64 && mask >> i & 1 == 0 {
+                continue;
+            }
+            kept |=
+                self.tier.retain_clean_unless(st.key(p), &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], keep_pool, room);
+        }
+        if mask == u64::MAX {
+            st.cached[f].store(kept, Ordering::Relaxed);
+            self.unhold(st, f);
+        } else if kept {
+            st.cached[f].store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks pages `mask` of Resident folio `f` as left in the tier (none of
+    /// them was). The caller holds the folio's stripe lock.
+    pub(super) fn set_swapped(&self, st: &RegionState, f: usize, mask: u64) {
+        let old = st.swapped[f].fetch_or(mask, Ordering::Relaxed);
+        debug_assert_eq!(old & mask, 0, "pages marked swapped twice");
+        self.folios.swapped_pages.fetch_add((mask & !old).count_ones() as usize, Ordering::Relaxed);
+    }
+
+    /// Unmarks pages `mask` of folio `f` (loaded, dropped, or the folio
+    /// leaves Resident); returns those of them that were marked. The caller
+    /// holds the folio's stripe lock.
+    pub(super) fn clear_swapped(&self, st: &RegionState, f: usize, mask: u64) -> u64 {
+        if st.swapped[f].load(Ordering::Relaxed) & mask == 0 {
+            return 0;
+        }
+        let was = st.swapped[f].fetch_and(!mask, Ordering::Relaxed) & mask;
+        self.folios.swapped_pages.fetch_sub(was.count_ones() as usize, Ordering::Relaxed);
+        was
+    }
+
+    pub(super) fn unhold(&self, st: &RegionState, f: usize) {
+        if let Some(h) = self.folios.held.lock_ok().remove(&(st.id, f)) {
+            self.folios.held_bytes.fetch_sub(h.data.len(), Ordering::Relaxed);
+        }
     }
 }

@@ -274,13 +274,13 @@ pub(super) fn inc(c: &AtomicU64) {
 impl Pager {
     /// The process tree this pager shares its limit with, if any.
     pub fn tree(&self) -> Option<&crate::tree::Tree> {
-        self.inner.member.as_ref().map(crate::tree::Member::tree)
+        self.inner.acct.member.as_ref().map(crate::tree::Member::tree)
     }
 
     /// The process is exiting: its usage leaves its tree's count at once
     /// ([`crate::tree::Member::leave`]). Atomics only, for an exit handler.
     pub fn leave_tree(&self) {
-        if let Some(m) = &self.inner.member {
+        if let Some(m) = &self.inner.acct.member {
             m.leave();
         }
     }
@@ -288,10 +288,10 @@ impl Pager {
     pub fn stats(&self) -> PagerStats {
         let c = &self.inner.counters;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let folios = self.inner.tables.load(Ordering::Relaxed) / super::region::FOLIO_TABLE_BYTES;
+        let folios = self.inner.folios.tables.load(Ordering::Relaxed) / super::region::FOLIO_TABLE_BYTES;
         let managed_bytes = (folios * self.inner.cfg.folio_size) as u64;
         // The parts read once, so that they add up to `metadata_bytes`.
-        let (tables, lists) = (self.inner.tables.load(Ordering::Relaxed), self.inner.list_metadata());
+        let (tables, lists) = (self.inner.folios.tables.load(Ordering::Relaxed), self.inner.list_metadata());
         let tier_parts = self.inner.tier.entry_metadata_parts();
         let metadata = tables + lists + tier_parts.0 + tier_parts.1 + tier_parts.2;
         PagerStats {
@@ -315,9 +315,9 @@ impl Pager {
             direct_reclaim_waits: r(&c.direct_reclaim_waits),
             direct_reclaim_stores: r(&c.direct_reclaim_stores),
             limit_soft_events: r(&c.limit_soft_events),
-            limit_soft: self.inner.soft.load(Ordering::Relaxed),
+            limit_soft: self.inner.acct.soft.load(Ordering::Relaxed),
             unevictable_folios: r(&c.unevictable_folios),
-            held_bytes: self.inner.held_bytes.load(Ordering::Relaxed) as u64,
+            held_bytes: self.inner.folios.held_bytes.load(Ordering::Relaxed) as u64,
             codec_switches: r(&c.codec_switches),
             walk_load_faults: r(&c.walk_load_faults),
             poisoned_pages: r(&c.poisoned_pages),
@@ -331,7 +331,7 @@ impl Pager {
             fork_imported_pages: r(&c.fork_imported_pages),
             cow_breaks: r(&c.cow_breaks),
             shared_parks: r(&c.shared_parks),
-            shared_bytes: (self.inner.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
+            shared_bytes: (self.inner.lists.shared_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             mapping_scans: r(&c.mapping_scans),
             adopted_regions: r(&c.adopted_regions),
             adopted_bytes: r(&c.adopted_bytes),
@@ -343,7 +343,7 @@ impl Pager {
             reclaim_passes: r(&c.reclaim_passes),
             staging_frees: r(&c.staging_frees),
             resident_bytes: self.inner.resident_bytes() as u64,
-            swapped_bytes: (self.inner.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
+            swapped_bytes: (self.inner.folios.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
             swapped_page_faults: r(&c.swapped_page_faults),
             pool_load_faults: r(&c.pool_load_faults),

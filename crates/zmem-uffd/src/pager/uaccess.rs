@@ -37,7 +37,7 @@ impl Pager {
     /// [`unmapped_run`](Self::unmapped_run): a range that had no unmapped
     /// page has none while the epoch reads the same. Never 0.
     pub fn epoch(&self) -> u64 {
-        self.inner.epoch.load(Ordering::SeqCst)
+        self.inner.folios.epoch.load(Ordering::SeqCst)
     }
 
     /// As [`unmapped_run`](Self::unmapped_run), with every page of managed
@@ -86,7 +86,7 @@ enum Step {
 impl Inner {
     /// Bumps the epoch: called before a page may stop being mapped.
     pub(super) fn unmapping(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.folios.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     fn unmapped_run(&self, from: u64, end: u64, every: bool) -> Option<(u64, u64)> {
@@ -161,7 +161,7 @@ impl Inner {
         match st.folio(f) {
             Folio::Resident => Unmapped::Some {
                 swapped: st.swapped[f].load(Ordering::Relaxed),
-                dropped: self.dropped.lock_ok().contains_key(&(st.id, f)),
+                dropped: self.folios.dropped.lock_ok().contains_key(&(st.id, f)),
             },
             Folio::Never | Folio::Evicting | Folio::Evicted => Unmapped::All,
         }
@@ -174,7 +174,8 @@ impl Inner {
             Unmapped::All => true,
             Unmapped::Some { swapped, dropped } => {
                 (i < 64 && swapped >> i & 1 != 0)
-                    || (dropped && self.dropped.lock_ok().get(&(st.id, f)).is_some_and(|m| m.get(i) == Some(&true)))
+                    || (dropped
+                        && self.folios.dropped.lock_ok().get(&(st.id, f)).is_some_and(|m| m.get(i) == Some(&true)))
             }
         }
     }
@@ -184,7 +185,7 @@ impl Inner {
     /// some region's hole; else the start of the next region before `end`,
     /// or `end`.
     fn region_or_next(&self, p: u64, end: u64) -> Step {
-        let regions = self.regions.read_ok();
+        let regions = self.folios.regions.read_ok();
         let mut in_hole = false;
         for r in regions.range(..=(p, u32::MAX)).rev().map(|(_, r)| r) {
             let s = r.start.load(Ordering::Acquire);
