@@ -16,7 +16,7 @@ use crate::pagemap::{SharedPages, WriteTracker};
 use crate::sys::UffdError;
 use zmem_common::PAGE_SIZE;
 
-/// The most folios `Inner::cow_broken` holds before it starts again (a
+/// The most folios `FolioTable::cow_broken` holds before it starts again (a
 /// folio forgotten there costs one more COW break).
 const COW_BROKEN_MAX: usize = 4096;
 

@@ -73,7 +73,7 @@ pub(super) const MAGIC: u64 = 0x6b72_6f66_6d65_6d7a; // "zmemfork"
 pub(super) const VERSION: u32 = 1;
 const REQUEST: &[u8] = b"give";
 
-/// Where the last fork is (`Inner::fork_state`).
+/// Where the last fork is (`ForkState::stage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(super) enum Fork {

@@ -205,8 +205,6 @@ impl Inner {
         self.became_resident_on(st, f, false);
     }
 
-    /// [`Inner::became_resident`], onto the once list with `once` (see
-    /// `Lru::once`).
     /// A fault loads Evicted folio `f` back: if fewer folios were evicted
     /// since it went than are resident now, a little more room would have
     /// kept it (mm/workingset.c's refault distance), so it is in use and
@@ -226,6 +224,8 @@ impl Inner {
         }
     }
 
+    /// [`Inner::became_resident`], onto the once list with `once` (see
+    /// `Lru::once`).
     pub(super) fn became_resident_on(&self, st: &Arc<RegionState>, f: usize, once: bool) {
         self.mark_resident(st, f);
         self.lru_add_to(st, f, once);

@@ -39,7 +39,7 @@ pub(super) struct Lru<T> {
     /// Folios at least half of whose present pages a fork left shared with
     /// another process, with how many are: evicting them would free little
     /// (the other process keeps the pages), so they are not evicted, and
-    /// their shared pages are charged to no one (`Inner::shared_pages`:
+    /// their shared pages are charged to no one (`ReclaimLists::shared_pages`:
     /// with N forked workers, half to each would count a page N+1 halves),
     /// until a look (`SHARED_RESCAN`) finds them mostly this process's own.
     pub(super) shared: Vec<(T, usize)>,

@@ -234,7 +234,7 @@ struct Inner {
     acct: accounting::Accounting,
 }
 
-/// An Evicting folio's pages in staging (see `Inner::staged`).
+/// An Evicting folio's pages in staging (see `FolioTable::staged`).
 #[derive(Debug)]
 struct Staged {
     /// Its slot's address.
@@ -248,7 +248,7 @@ struct Staged {
     rescued: bool,
 }
 
-/// Where an Evicting folio's moved pages went (see `Inner::forwards`).
+/// Where an Evicting folio's moved pages went (see `FolioTable::forwards`).
 #[derive(Debug)]
 struct Forward {
     to: Arc<RegionState>,

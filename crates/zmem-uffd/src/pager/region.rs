@@ -66,9 +66,9 @@ pub(super) struct RegionState {
     /// mapped, their entries the only copy. A fault on one loads it
     /// (`Inner::load_pages`, `PagerConfig::fault_around`). Zero for a folio in any other state;
     /// written under the folio's stripe lock, through `Inner::set_swapped`
-    /// and `Inner::clear_swapped`, which keep `Inner::swapped_pages`.
+    /// and `Inner::clear_swapped`, which keep `FolioTable::swapped_pages`.
     pub(super) swapped: Box<[AtomicU64]>,
-    /// `Inner::evict_clock` when the folio was last evicted: a fault that
+    /// `ReclaimLists::evict_clock` when the folio was last evicted: a fault that
     /// loads it back soon after (a refault distance under the resident
     /// folios, as mm/workingset.c measures it) shows it is in use.
     pub(super) evicted_at: Box<[AtomicU32]>,
