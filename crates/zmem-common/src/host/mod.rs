@@ -26,9 +26,9 @@
 //!   allocates it from the program's `malloc`, which may be the program's
 //!   own allocator in memory zmem adopts, so its pages are pinned resident.
 //!
-//! What these modules may not do follows from the same rule: nothing here
-//! allocates inside a descriptor section, takes a lock the program may hold
-//! while it faults, or touches the program's memory.
+//! Inside a descriptor section only descriptors are made, kept, closed and
+//! forgotten: no lock is taken and the program's memory is not touched, so
+//! the program's `close`, which waits for sections, never waits on a fault.
 
 #[allow(unsafe_code)]
 pub mod fds;
