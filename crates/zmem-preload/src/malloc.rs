@@ -105,23 +105,31 @@ const BRK_PUBLISH_STEP: usize = 1 << 20;
 /// looks, and its pager started with the tree up to 43.6 MiB, in 4 runs of
 /// 12 over 38 MiB.
 fn publish_brk_growth() {
+    if let Some((_, grown)) = claim_brk_growth(&BRK_PUBLISHED, PAGE_SIZE, BRK_PUBLISH_STEP) {
+        crate::waiting::saw_mapping(grown, true);
+    }
+}
+
+/// The main heap's growth past `mark`, in whole `unit`s and at least `min`
+/// bytes, claimed: `mark` moves past it and `(start, len)` comes back. The
+/// first call, and a heap trimmed back below `mark`, only set `mark` to the
+/// break. `sbrk(0)` returns glibc's cached value: a load, no syscall.
+fn claim_brk_growth(mark: &AtomicUsize, unit: usize, min: usize) -> Option<(usize, usize)> {
     // SAFETY: sbrk(0) changes nothing; it returns the current break.
     let cur = unsafe { libc::sbrk(0) } as usize;
     if cur == usize::MAX {
-        return;
+        return None;
     }
-    let seen = BRK_PUBLISHED.load(Ordering::Relaxed);
+    let seen = mark.load(Ordering::Relaxed);
     if seen == 0 || cur < seen {
-        let _ = BRK_PUBLISHED.compare_exchange(seen, cur, Ordering::Relaxed, Ordering::Relaxed);
-        return;
+        let _ = mark.compare_exchange(seen, cur.next_multiple_of(PAGE_SIZE), Ordering::Relaxed, Ordering::Relaxed);
+        return None;
     }
-    let grown = cur - seen;
-    if grown < BRK_PUBLISH_STEP
-        || BRK_PUBLISHED.compare_exchange(seen, cur, Ordering::Relaxed, Ordering::Relaxed).is_err()
-    {
-        return;
+    let grown = (cur - seen) / unit * unit;
+    if grown < min.max(1) || mark.compare_exchange(seen, seen + grown, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        return None;
     }
-    crate::waiting::saw_mapping(grown, true);
+    Some((seen, grown))
 }
 
 /// The program break up to which the main heap's growth was adopted; 0
@@ -132,10 +140,9 @@ static BRK_ADOPTED: AtomicUsize = AtomicUsize::new(0);
 /// so a scan found the growth only after the program had filled it:
 /// Python's bytearrays came in 16–25 MiB at a time, over a 40 MiB limit.
 /// So after each of glibc's allocations the break is compared with what
-/// was adopted (`sbrk(0)` returns glibc's cached value: a load, no
-/// syscall), and the growth is adopted in whole folios as soon as there is
-/// one, before the program fills it. The heap's first part is left to the
-/// scan; a heap trimmed back is followed down.
+/// was adopted (`claim_brk_growth`), and the growth is adopted in whole
+/// folios as soon as there is one, before the program fills it. The heap's
+/// first part is left to the scan; a heap trimmed back is followed down.
 fn adopt_brk_growth() {
     if current().is_none() && crate::waiting::is_waiting() {
         publish_brk_growth();
@@ -144,23 +151,9 @@ fn adopt_brk_growth() {
     if !adopts_chunks(usize::MAX) {
         return;
     }
-    // SAFETY: sbrk(0) changes nothing; it returns the current break.
-    let cur = unsafe { libc::sbrk(0) } as usize;
-    if cur == usize::MAX {
-        return;
-    }
     let Some(s) = current() else { return };
     let fs = s.settings.folio;
-    let seen = BRK_ADOPTED.load(Ordering::Relaxed);
-    if seen == 0 || cur < seen {
-        let _ =
-            BRK_ADOPTED.compare_exchange(seen, cur.next_multiple_of(PAGE_SIZE), Ordering::Relaxed, Ordering::Relaxed);
-        return;
-    }
-    let grown = (cur - seen) / fs * fs;
-    if grown == 0 || BRK_ADOPTED.compare_exchange(seen, seen + grown, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-        return;
-    }
+    let Some((seen, grown)) = claim_brk_growth(&BRK_ADOPTED, fs, fs) else { return };
     guarded(|| match s.pager.adopt(seen as u64, grown) {
         Ok(_) => log::debug!("adopted the heap's growth {seen:#x}+{grown:#x}"),
         // A scan took it first, or part of it.
