@@ -11,6 +11,7 @@ use std::sync::{LockResult, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWr
 
 pub mod host;
 pub mod procfs;
+pub mod stall;
 pub mod stats_files;
 
 /// The size of one page of user memory (x86-64).

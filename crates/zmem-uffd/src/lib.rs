@@ -19,6 +19,7 @@ pub mod vmas;
 pub use mapping::Mapping;
 pub use pagemap::{PageMap, WriteTracker};
 pub use pager::{
-    unhold_current_thread, AdoptConfig, Pager, PagerConfig, PagerError, PagerStats, Region, REFAULT_BUCKETS,
+    refaults_within, stall_at_limit, unhold_current_thread, AdoptConfig, Pager, PagerConfig, PagerError, PagerStats,
+    Region, REFAULT_BUCKETS,
 };
 pub use sys::{Event, Features, OpenMode, RegisterMode, Uffd, UffdError};

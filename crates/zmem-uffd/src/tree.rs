@@ -32,12 +32,15 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use crate::pager::REFAULT_BUCKETS;
+
 /// "zmemtree" in ASCII, and the layout's version.
 const MAGIC: u64 = 0x7a6d_656d_7472_6565;
-const VERSION: u64 = 3;
+const VERSION: u64 = 4;
 /// Slots in a segment: processes that may hold a share at once.
 pub const SLOTS: usize = 255;
-const SIZE: usize = 64 * (SLOTS + 1);
+const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
+const SIZE: usize = 64 + SLOT_SIZE * SLOTS;
 
 #[repr(C, align(64))]
 struct Header {
@@ -51,6 +54,12 @@ struct Header {
     /// The warnings given so far, one bit each ([`Warning`]): each is given
     /// by the tree's first process that has it to give.
     warned: AtomicU32,
+    /// The stall target of the controller that moves `limit` (`zmem run
+    /// --max-slowdown`), parts per million of the program's CPU time; 0:
+    /// the limit is fixed.
+    slowdown_ppm: AtomicU64,
+    /// The most that controller may move `limit` to.
+    ceiling: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -68,9 +77,19 @@ struct Slot {
     /// it has mapped and not filled: memory it may hold before its next
     /// look (`Member::publish_mapped`). 0 for a pager.
     mapped: AtomicU64,
+    /// Nanoseconds this process's threads have waited on its pager because
+    /// of the limit (`PagerStats::stall_ns`), for the controller.
+    stall_ns: AtomicU64,
+    /// Bytes of `usage` that are the compressed pool.
+    pool: AtomicU64,
+    /// The part of `stall_ns` spent on loads…
+    load_stall_ns: AtomicU64,
+    /// …and those loads by refault distance (`PagerStats::refault_distance`):
+    /// what a larger limit would save of it.
+    refaults: [AtomicU64; REFAULT_BUCKETS],
 }
 
-const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
+const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 192);
 
 /// A warning given once per tree ([`Tree::first_warning`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +130,14 @@ pub struct MemberStats {
     pub peak: u64,
     pub share: u64,
     pub evicted: u64,
+    /// See [`Member::add_stall`].
+    pub stall_ns: u64,
+    /// The pool's part of `usage`.
+    pub pool: u64,
+    /// The part of `stall_ns` spent on loads, and the loads by refault
+    /// distance (see [`Member::add_load_stall`]).
+    pub load_stall_ns: u64,
+    pub refaults: [u64; REFAULT_BUCKETS],
 }
 
 /// Why a segment cannot be used.
@@ -271,10 +298,11 @@ impl Tree {
 
     fn slot(&self, i: usize) -> &Slot {
         assert!(i < SLOTS);
-        // SAFETY: slot i lies at 64 * (i + 1) < SIZE, inside the mapping.
-        let p = unsafe { self.base.as_ptr().add(64 * (i + 1)) };
-        // SAFETY: p is 64-aligned and valid for 64 bytes for the Tree's
-        // life; a slot is made only of atomics (as for `header`).
+        // SAFETY: slot i lies at 64 + SLOT_SIZE * i, and ends at or before
+        // SIZE: inside the mapping.
+        let p = unsafe { self.base.as_ptr().add(64 + SLOT_SIZE * i) };
+        // SAFETY: p is 64-aligned and valid for SLOT_SIZE bytes for the
+        // Tree's life; a slot is made only of atomics (as for `header`).
         unsafe { &*p.cast::<Slot>() }
     }
 
@@ -285,6 +313,30 @@ impl Tree {
 
     pub fn limit(&self) -> usize {
         self.header().limit.load(Ordering::Relaxed) as usize
+    }
+
+    /// Moves the tree's limit (the controller of `zmem run
+    /// --max-slowdown`): each process takes its new share at its next
+    /// fault or reclaim wake-up (every 10 ms at most).
+    pub fn set_limit(&self, bytes: usize) {
+        self.header().limit.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Records that a controller moves the limit, toward a stall of
+    /// `slowdown_ppm` (parts per million of CPU time), never above
+    /// `ceiling`: for `zmem stats`.
+    pub fn set_controller(&self, slowdown_ppm: u64, ceiling: usize) {
+        let h = self.header();
+        h.ceiling.store(ceiling as u64, Ordering::Relaxed);
+        h.slowdown_ppm.store(slowdown_ppm, Ordering::Relaxed);
+    }
+
+    /// The controller's stall target (ppm) and ceiling, if one moves the
+    /// limit.
+    pub fn controller(&self) -> Option<(u64, usize)> {
+        let h = self.header();
+        let ppm = h.slowdown_ppm.load(Ordering::Relaxed);
+        (ppm != 0).then(|| (ppm, h.ceiling.load(Ordering::Relaxed) as usize))
     }
 
     /// Whether the caller is the tree's first process to give warning `w`
@@ -328,6 +380,10 @@ impl Tree {
                     peak: s.peak.load(Ordering::Relaxed),
                     share: s.share.load(Ordering::Relaxed),
                     evicted: s.evicted.load(Ordering::Relaxed),
+                    stall_ns: s.stall_ns.load(Ordering::Relaxed),
+                    pool: s.pool.load(Ordering::Relaxed),
+                    load_stall_ns: s.load_stall_ns.load(Ordering::Relaxed),
+                    refaults: std::array::from_fn(|i| s.refaults[i].load(Ordering::Relaxed)),
                 })
             })
             .collect()
@@ -364,6 +420,12 @@ impl Tree {
         s.peak.store(0, Ordering::Relaxed);
         s.evicted.store(0, Ordering::Relaxed);
         s.mapped.store(0, Ordering::Relaxed);
+        s.stall_ns.store(0, Ordering::Relaxed);
+        s.pool.store(0, Ordering::Relaxed);
+        s.load_stall_ns.store(0, Ordering::Relaxed);
+        for r in &s.refaults {
+            r.store(0, Ordering::Relaxed);
+        }
         self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
         Ok(Member { tree: self, slot: i, pid, left: AtomicBool::new(false) })
     }
@@ -438,6 +500,33 @@ impl Member {
     /// Records folios evicted (for `zmem stats`).
     pub fn add_evicted(&self, n: u64) {
         self.tree.slot(self.slot).evicted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records `ns` more of the program's threads' time spent waiting on
+    /// the pager because of the limit: the stall the controller of `zmem
+    /// run --max-slowdown` holds near its target.
+    pub fn add_stall(&self, ns: u64) {
+        self.tree.slot(self.slot).stall_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Records that `ns` of the stall ([`Member::add_stall`]) was a load:
+    /// the controller weighs it by what a larger limit would save.
+    pub fn add_load_stall(&self, ns: u64) {
+        self.tree.slot(self.slot).load_stall_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Records a load of refault-distance bucket `bucket`.
+    pub fn add_refault(&self, bucket: usize) {
+        if let Some(r) = self.tree.slot(self.slot).refaults.get(bucket) {
+            r.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the part of this process's usage that is its pool.
+    pub fn publish_pool(&self, bytes: usize) {
+        if !self.left.load(Ordering::Relaxed) {
+            self.tree.slot(self.slot).pool.store(bytes as u64, Ordering::Relaxed);
+        }
     }
 }
 

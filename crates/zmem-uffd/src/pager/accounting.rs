@@ -61,11 +61,18 @@ impl Inner {
         if let Some(m) = &self.acct.member {
             let floor = self.share_floor();
             let share = m.publish(self.usage(), floor);
+            m.publish_pool(self.tier.pool_total_size());
             let old = self.acct.limit_now.swap(share, Ordering::Relaxed);
             if share != old {
                 self.apply_pool_share();
             }
         }
+    }
+
+    /// Whether a controller moves this pager's tree's limit (`zmem run
+    /// --max-slowdown`).
+    pub(super) fn limit_controlled(&self) -> bool {
+        self.acct.member.as_ref().is_some_and(|m| m.tree().controller().is_some())
     }
 
     /// The smallest share of a tree's limit a process gets
@@ -109,8 +116,12 @@ impl Inner {
             // Direct reclaim, bounded: wait for the reclaimer a little,
             // storing folios of its pass meanwhile (`direct.rs`).
             inc(&self.counters.direct_reclaim_waits);
-            let deadline = Instant::now() + self.cfg.direct_reclaim_wait;
+            let t = Instant::now();
+            let deadline = t + self.cfg.direct_reclaim_wait;
             self.wait_for_reclaim_while(deadline, Duration::from_millis(1), true, || self.usage() > self.limit());
+            let ns = t.elapsed().as_nanos() as u64;
+            self.counters.throttle_ns.fetch_add(ns, Ordering::Relaxed);
+            self.stalled(ns);
         }
     }
 

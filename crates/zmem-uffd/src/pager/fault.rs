@@ -217,6 +217,7 @@ impl Inner {
                     if let Some(t) = busy_since {
                         let ns = t.elapsed().as_nanos() as u64;
                         self.counters.eviction_wait_ns.fetch_add(ns, Ordering::Relaxed);
+                        self.stalled(ns);
                     }
                     pending.remove(i);
                 }
@@ -544,6 +545,10 @@ impl Inner {
             };
             inc(n);
             total.fetch_add(ns, Ordering::Relaxed);
+            self.stalled(ns);
+            if let Some(m) = &self.acct.member {
+                m.add_load_stall(ns);
+            }
         }
         served
     }

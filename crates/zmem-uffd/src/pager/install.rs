@@ -214,6 +214,9 @@ impl Inner {
             self.lists.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
         let b = super::stats::refault_bucket(distance as usize, self.acct.resident.load(Ordering::Relaxed));
         inc(&self.counters.refault_distance[b]);
+        if let Some(m) = &self.acct.member {
+            m.add_refault(b);
+        }
         if (distance as usize) < self.acct.resident.load(Ordering::Relaxed) {
             let p = st.protect[f].load(Ordering::Relaxed);
             st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);

@@ -160,7 +160,7 @@ pub use region::Region;
 use region::RegionState;
 use staging::Staging;
 use stats::Counters;
-pub use stats::{PagerStats, REFAULT_BUCKETS};
+pub use stats::{refaults_within, stall_at_limit, PagerStats, REFAULT_BUCKETS};
 
 use crate::sys::{RegisterMode, Uffd, UffdError};
 

@@ -14,6 +14,54 @@ pub(super) fn refault_bucket(distance: usize, resident: usize) -> usize {
     (0..REFAULT_BUCKETS - 1).find(|&i| distance < resident >> (REFAULT_BUCKETS - 2 - i)).unwrap_or(REFAULT_BUCKETS - 1)
 }
 
+/// The upper bounds of the first [`PagerStats::refault_distance`] buckets,
+/// as shares of the resident folios (the last bucket has none).
+const REFAULT_BOUNDS: [f64; REFAULT_BUCKETS - 1] = [1.0 / 32.0, 1.0 / 16.0, 1.0 / 8.0, 0.25, 0.5, 1.0];
+
+/// How many of the loads counted in `hist` (by refault distance) came
+/// within `share` of the resident folios, each bucket taken as spread
+/// evenly over its range. Past the resident set's size the distances are
+/// not told apart: no more than the bounded buckets are counted.
+pub fn refaults_within(hist: &[u64; REFAULT_BUCKETS], share: f64) -> f64 {
+    let mut low = 0.0;
+    let mut n = 0.0;
+    for (i, &high) in REFAULT_BOUNDS.iter().enumerate() {
+        if share >= high {
+            n += hist[i] as f64;
+        } else if share > low {
+            n += hist[i] as f64 * (share - low) / (high - low);
+        }
+        low = high;
+    }
+    n
+}
+
+/// An estimate of the stall (ns) a program with `stall_ns` of it, and
+/// loads of the refault distances in `hist`, would have had at `factor`
+/// times its limit: the cold-age reasoning of the far-memory papers, from
+/// the distances zmem records (mm/workingset.c's).
+///
+/// - Larger (`factor` > 1): the resident set grows by about `factor - 1`
+///   of itself (the pool keeps its share), and a load whose refault
+///   distance is within that would have been a hit.
+/// - Smaller: reads of resident pages are invisible, so the re-reads that
+///   a smaller resident set would miss are taken to be as many as the
+///   loads the same step larger would save (the density of reuse distances
+///   is taken as even around the resident set's size).
+///
+/// Each load saved or added costs the stall's mean per load. With no loads
+/// there is nothing to go by, and the stall is given as it is.
+pub fn stall_at_limit(factor: f64, stall_ns: u64, hist: &[u64; REFAULT_BUCKETS]) -> u64 {
+    let loads: u64 = hist.iter().sum();
+    if loads == 0 || factor.is_nan() || factor <= 0.0 {
+        return stall_ns;
+    }
+    let per_load = stall_ns as f64 / loads as f64;
+    let moved = refaults_within(hist, (factor - 1.0).abs()) * per_load;
+    let est = if factor >= 1.0 { stall_ns as f64 - moved } else { stall_ns as f64 + moved };
+    est.max(0.0) as u64
+}
+
 /// Counters of a pager. Serialized as they are named here: the `pager`
 /// object of a process's stats file (`zmem stats`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
@@ -164,6 +212,16 @@ pub struct PagerStats {
     /// Faults that read pages from the swap file too, and the same time.
     pub swap_load_faults: u64,
     pub swap_load_fault_ns: u64,
+    /// Time faults waited in the throttle above the limit (direct
+    /// reclaim), ns.
+    pub throttle_ns: u64,
+    /// The program's stall on the limit, ns: the time its faults spent on
+    /// loads (`pool_load_fault_ns`, `swap_load_fault_ns`), waiting for an
+    /// eviction (`eviction_wait_ns`) and in the throttle (`throttle_ns`).
+    /// Faults on never-touched memory are not in it: the program pays
+    /// them whatever the limit. What `zmem run --max-slowdown` holds near
+    /// its target, as a share of the program's CPU time.
+    pub stall_ns: u64,
     /// Pages reclaim passes stored, and the passes' time storing them (ns,
     /// wall: the compression an eviction costs).
     pub reclaim_store_pages: u64,
@@ -258,6 +316,8 @@ pub(super) struct Counters {
     pub(super) pool_load_fault_ns: AtomicU64,
     pub(super) swap_load_faults: AtomicU64,
     pub(super) swap_load_fault_ns: AtomicU64,
+    pub(super) throttle_ns: AtomicU64,
+    pub(super) stall_ns: AtomicU64,
     pub(super) reclaim_store_pages: AtomicU64,
     pub(super) reclaim_store_ns: AtomicU64,
     pub(super) fenced_pages: AtomicU64,
@@ -269,6 +329,18 @@ pub(super) struct Counters {
 
 pub(super) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl super::Inner {
+    /// A fault waited `ns` on the limit: a load, an eviction, the
+    /// throttle (`PagerStats::stall_ns`). Counted here and in the tree's
+    /// slot, where `zmem run --max-slowdown` reads it.
+    pub(super) fn stalled(&self, ns: u64) {
+        self.counters.stall_ns.fetch_add(ns, Ordering::Relaxed);
+        if let Some(m) = &self.acct.member {
+            m.add_stall(ns);
+        }
+    }
 }
 
 impl Pager {
@@ -350,6 +422,8 @@ impl Pager {
             pool_load_fault_ns: r(&c.pool_load_fault_ns),
             swap_load_faults: r(&c.swap_load_faults),
             swap_load_fault_ns: r(&c.swap_load_fault_ns),
+            throttle_ns: r(&c.throttle_ns),
+            stall_ns: r(&c.stall_ns),
             reclaim_store_pages: r(&c.reclaim_store_pages),
             reclaim_store_ns: r(&c.reclaim_store_ns),
             fenced_pages: r(&c.fenced_pages),
@@ -394,5 +468,31 @@ mod tests {
                                                 // Nothing resident: every load is past it.
         assert_eq!(refault_bucket(0, 0), 6);
         assert_eq!(refault_bucket(5, 0), 6);
+    }
+
+    #[test]
+    fn refaults_within_a_share_count_whole_buckets_and_a_part_of_the_next() {
+        let h = [32, 32, 64, 128, 256, 512, 1000];
+        assert_eq!(refaults_within(&h, 0.0), 0.0);
+        assert_eq!(refaults_within(&h, 1.0 / 32.0), 32.0);
+        // Half of [1/4, 1/2): 3/8.
+        assert_eq!(refaults_within(&h, 0.375), 32.0 + 32.0 + 64.0 + 128.0 + 128.0);
+        // Past the resident set: the bounded buckets only.
+        assert_eq!(refaults_within(&h, 3.0), 1024.0);
+    }
+
+    #[test]
+    fn a_larger_limit_saves_the_near_refaults_and_a_smaller_one_adds_as_many() {
+        // 1000 loads, 10 ms of stall: 10 us each; 250 within a quarter.
+        let h = [50, 50, 50, 100, 250, 250, 250];
+        let stall = 10_000_000;
+        assert_eq!(stall_at_limit(1.25, stall, &h), 7_500_000);
+        assert_eq!(stall_at_limit(0.75, stall, &h), 12_500_000);
+        assert_eq!(stall_at_limit(0.5, stall, &h), 15_000_000);
+        assert_eq!(stall_at_limit(1.0, stall, &h), stall);
+        // Every load near: twice the memory saves them all, never below 0.
+        assert_eq!(stall_at_limit(3.0, stall, &[1000, 0, 0, 0, 0, 0, 0]), 0);
+        // No loads: nothing to go by.
+        assert_eq!(stall_at_limit(0.5, 42, &[0; REFAULT_BUCKETS]), 42);
     }
 }
