@@ -36,6 +36,13 @@
 //! kernel's, so at one limit the kernel uses more (Python's strings under
 //! 150M: 186 MiB against zmem's 151 MiB).
 //!
+//! With `--max-slowdown P%` a last run follows: zmem with the limit moved
+//! by its controller (`zmem run --max-slowdown`, `--limit` its ceiling if
+//! given; without `--limit`, only the native run comes before it). A line
+//! under the table gives its time over native's and its footprint against
+//! native's, averaged over the run's time and at the peak: what the
+//! controller saved, and what it cost.
+//!
 //! Footprint is the program's anonymous and shared memory, measured the
 //! same way for every run: the peak of the process tree's summed
 //! `Pss_Anon` and `Pss_Shmem`, sampled every 20 ms (`Sampler`), plus, for
@@ -71,8 +78,15 @@ use crate::usemem::kernel::{debugfs_zswap, vmstat, KernelSetup};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The memory limit for zmem and for the kernel's cgroup (K, M, G).
-    #[arg(long)]
-    limit: String,
+    /// With `--max-slowdown`, the controller's ceiling too.
+    #[arg(long, required_unless_present = "max_slowdown")]
+    limit: Option<String>,
+    /// Run the program under `zmem run --max-slowdown P%` too (after the
+    /// others): the footprint it saved against native, time-averaged and
+    /// at the peak, and its slowdown. Without `--limit`, only native and
+    /// this run.
+    #[arg(long, value_name = "PERCENT")]
+    max_slowdown: Option<String>,
     /// The kernel's zswap compressor.
     #[arg(long, default_value = "lzo")]
     zswap: String,
@@ -112,6 +126,8 @@ struct Outcome {
     config: String,
     elapsed_s: f64,
     peak_footprint_bytes: u64,
+    /// The footprint averaged over the run's time.
+    avg_footprint_bytes: u64,
     /// The peak of the tree's whole PSS, file pages included.
     peak_pss_bytes: u64,
     /// The kernel's run: the cgroup's `memory.max_usage_in_bytes`.
@@ -128,12 +144,23 @@ struct Outcome {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let limit = zmem_settings::parse_size(&args.limit).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
+    // Bad values are refused here, before anything runs.
+    let slowdown = args
+        .max_slowdown
+        .as_deref()
+        .map(|p| zmem_settings::parse_slowdown("--max-slowdown", p))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(limit_text) = args.limit.as_deref() else {
+        let slowdown = slowdown.context("--limit or --max-slowdown")?;
+        return run_controlled_only(args, slowdown);
+    };
+    let limit = zmem_settings::parse_size(limit_text).map_err(|e| anyhow::anyhow!("--limit: {e}"))?;
     if limit < zmem_settings::Settings::MIN_LIMIT {
         // zmem run would refuse it only after the native run.
         bail!(
             "--limit {}: at least {}M (the smallest limit zmem run takes)",
-            args.limit,
+            limit_text,
             zmem_settings::Settings::MIN_LIMIT >> 20
         );
     }
@@ -147,17 +174,8 @@ pub fn run(args: &Args) -> Result<()> {
     native.args(&args.cmd[1..]);
     out.push(measure("native", native, None)?);
 
-    let me = std::env::current_exe().context("the zmem binary")?;
-    let zmem = |config: &str, limit: &str| -> Result<Outcome> {
-        let loads = Loads::zmem()?;
-        let mut c = Command::new(&me);
-        c.args(["run", "--limit", limit, "--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
-        loads.set_env(&mut c);
-        let mut o = measure(config, c, None)?;
-        o.loads = loads.count();
-        Ok(o)
-    };
-    out.push(zmem("zmem", &args.limit)?);
+    let zmem = |config: &str, limit: &str| zmem_run(args, config, &["--limit", limit]);
+    out.push(zmem("zmem", limit_text)?);
 
     if !args.no_kernel {
         out.push(kernel_run(args, Some(&args.zswap), limit, swap_bytes)?);
@@ -180,11 +198,40 @@ pub fn run(args: &Args) -> Result<()> {
             out.push(zmem(&format!("zmem@{mib}"), &mib)?);
         }
     }
+    if let Some(p) = slowdown {
+        out.push(zmem_run(args, &format!("zmem:{p}%"), &["--limit", limit_text, "--max-slowdown", &format!("{p}%")])?);
+    }
     report(&out, args.json);
     if let Some(bad) = out.iter().find(|o| !o.exit_ok) {
         bail!("the program failed under {} ({})", bad.config, bad.exit_status);
     }
     Ok(())
+}
+
+/// `--max-slowdown` without `--limit`: the program natively and under the
+/// controller, with the machine's memory as its ceiling.
+fn run_controlled_only(args: &Args, slowdown: f64) -> Result<()> {
+    let mut native = Command::new(&args.cmd[0]);
+    native.args(&args.cmd[1..]);
+    let mut out = vec![measure("native", native, None)?];
+    out.push(zmem_run(args, &format!("zmem:{slowdown}%"), &["--max-slowdown", &format!("{slowdown}%")])?);
+    report(&out, args.json);
+    if let Some(bad) = out.iter().find(|o| !o.exit_ok) {
+        bail!("the program failed under {} ({})", bad.config, bad.exit_status);
+    }
+    Ok(())
+}
+
+/// The program under `zmem run` with `flags`, its loads counted.
+fn zmem_run(args: &Args, config: &str, flags: &[&str]) -> Result<Outcome> {
+    let me = std::env::current_exe().context("the zmem binary")?;
+    let loads = Loads::zmem()?;
+    let mut c = Command::new(&me);
+    c.arg("run").args(flags).args(["--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
+    loads.set_env(&mut c);
+    let mut o = measure(config, c, None)?;
+    o.loads = loads.count();
+    Ok(o)
 }
 
 /// The program under the kernel: a cgroup v1 limit of `limit`, a swap file
@@ -225,6 +272,9 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
     let mut child = cmd.spawn().with_context(|| format!("start the program ({config})"))?;
     let root = child.id();
     let (mut peak, mut peak_pss) = (0u64, 0u64);
+    // The footprint's integral over time (byte-seconds), each sample held
+    // until the next.
+    let (mut area, mut last) = (0f64, None::<(Instant, u64)>);
     let mut sampler = Sampler::new(root);
     let status: ExitStatus = loop {
         if let Some(s) = child.try_wait()? {
@@ -232,15 +282,25 @@ fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Resu
         }
         let m = sampler.sample();
         let pool = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { 0 };
-        peak = peak.max(m.anon + m.shmem + pool);
+        let now = Instant::now();
+        let footprint = m.anon + m.shmem + pool;
+        if let Some((t, f)) = last {
+            area += f as f64 * now.duration_since(t).as_secs_f64();
+        }
+        last = Some((now, footprint));
+        peak = peak.max(footprint);
         peak_pss = peak_pss.max(m.all + pool);
         std::thread::sleep(Duration::from_millis(20));
     };
     let elapsed_s = t0.elapsed().as_secs_f64();
+    if let Some((t, f)) = last {
+        area += f as f64 * t.elapsed().as_secs_f64();
+    }
     Ok(Outcome {
         config: config.to_string(),
         elapsed_s,
         peak_footprint_bytes: peak,
+        avg_footprint_bytes: if elapsed_s > 0.0 { (area / elapsed_s) as u64 } else { 0 },
         peak_pss_bytes: peak_pss,
         cgroup_peak_bytes: None,
         loads: None,
@@ -472,6 +532,7 @@ fn report(out: &[Outcome], json: bool) {
                 let mut v = serde_json::to_value(o).unwrap_or_default();
                 v["vs_kernel"] = serde_json::json!(vs_kernel(out, o));
                 v["us_per_load"] = serde_json::json!(us_per_load(out, o));
+                v["vs_native"] = serde_json::json!(saved_against_native(out, o));
                 if swap {
                     v["vs_swap"] = serde_json::json!(vs_swap(out, o));
                 }
@@ -484,29 +545,61 @@ fn report(out: &[Outcome], json: bool) {
     let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
     let vs_swap_head = if swap { format!(" {:>8}", "vs swap") } else { String::new() };
     println!(
-        "{:<12} {:>10} {:>16} {:>10}{vs_swap_head} {:>10} {:>8}  exit",
-        "config", "elapsed s", "peak footprint", "vs kernel", "loads", "us/load"
+        "{:<12} {:>10} {:>16} {:>12} {:>10}{vs_swap_head} {:>10} {:>8}  exit",
+        "config", "elapsed s", "peak footprint", "avg", "vs kernel", "loads", "us/load"
     );
     for o in out {
         let vs_swap_col = if swap { format!(" {:>8}", ratio(vs_swap(out, o))) } else { String::new() };
         println!(
-            "{:<12} {:>10.2} {:>12} MiB {:>10}{vs_swap_col} {:>10} {:>8}  {}",
+            "{:<12} {:>10.2} {:>12} MiB {:>8} MiB {:>10}{vs_swap_col} {:>10} {:>8}  {}",
             o.config,
             o.elapsed_s,
             o.peak_footprint_bytes >> 20,
+            o.avg_footprint_bytes >> 20,
             ratio(vs_kernel(out, o)),
             o.loads.map_or("-".to_string(), |l| l.to_string()),
             us_per_load(out, o).map_or("-".to_string(), |u| format!("{u:.1}")),
             o.exit_status
         );
     }
+    for (o, s) in out.iter().filter_map(|o| Some((o, saved_against_native(out, o)?))) {
+        println!(
+            "{}: {:.2}x native's time ({:+.1}%); footprint {:.0}% of native's averaged over time \
+             ({:.0}% saved), {:.0}% at the peak",
+            o.config,
+            s.time_ratio,
+            (s.time_ratio - 1.0) * 100.0,
+            s.avg_ratio * 100.0,
+            (1.0 - s.avg_ratio) * 100.0,
+            s.peak_ratio * 100.0
+        );
+    }
+}
+
+/// A controlled run (`zmem:P%`) against native: time, and footprint
+/// averaged over time and at the peak, as ratios.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+struct Saved {
+    time_ratio: f64,
+    avg_ratio: f64,
+    peak_ratio: f64,
+}
+
+fn saved_against_native(out: &[Outcome], o: &Outcome) -> Option<Saved> {
+    let n = out.iter().find(|n| n.config == "native")?;
+    let ok = o.config.ends_with('%') && o.exit_ok && n.exit_ok && n.elapsed_s > 0.0;
+    (ok && n.avg_footprint_bytes > 0 && n.peak_footprint_bytes > 0).then(|| Saved {
+        time_ratio: o.elapsed_s / n.elapsed_s,
+        avg_ratio: o.avg_footprint_bytes as f64 / n.avg_footprint_bytes as f64,
+        peak_ratio: o.peak_footprint_bytes as f64 / n.peak_footprint_bytes as f64,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        equal_footprint_limit, parse_rollup, pss_of, rss_of, stats_file_loads, us_per_load, vs_kernel, vs_swap,
-        Outcome, Pss, Sampler,
+        equal_footprint_limit, parse_rollup, pss_of, rss_of, saved_against_native, stats_file_loads, us_per_load,
+        vs_kernel, vs_swap, Outcome, Pss, Sampler,
     };
     use std::process::Command;
 
@@ -515,6 +608,7 @@ mod tests {
             config: config.into(),
             elapsed_s,
             peak_footprint_bytes: 0,
+            avg_footprint_bytes: 0,
             peak_pss_bytes: 0,
             cgroup_peak_bytes: None,
             loads: None,
@@ -606,6 +700,21 @@ mod tests {
         assert!((31..40).contains(&mib(pss.shmem)), "one copy: {pss:?}");
         assert!((31..40).contains(&mib(m.shmem)), "sampled at its PSS: {m:?}");
         assert!(m.all >= m.anon + m.shmem);
+    }
+
+    #[test]
+    fn a_controlled_run_is_weighed_against_native_by_time_and_footprint() {
+        let mut out = [run("native", 10.0, true), run("zmem", 12.0, true), run("zmem:5%", 10.5, true)];
+        out[0].avg_footprint_bytes = 400;
+        out[0].peak_footprint_bytes = 500;
+        out[2].avg_footprint_bytes = 100;
+        out[2].peak_footprint_bytes = 250;
+        let s = saved_against_native(&out, &out[2]).unwrap();
+        assert!((s.time_ratio - 1.05).abs() < 1e-12 && s.avg_ratio == 0.25 && s.peak_ratio == 0.5, "{s:?}");
+        assert_eq!(saved_against_native(&out, &out[1]), None, "a fixed limit");
+        assert_eq!(saved_against_native(&out, &out[0]), None, "native itself");
+        out[2].exit_ok = false;
+        assert_eq!(saved_against_native(&out, &out[2]), None, "failed");
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod bench_start;
 mod bench_tier;
 mod bench_zsmalloc;
 mod compare;
+mod controller;
 mod run;
 mod usemem;
 

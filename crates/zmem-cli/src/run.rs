@@ -16,12 +16,26 @@ use zmem_uffd::tree::Tree;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Every flag has a ZMEM_* environment variable (ZMEM_LIMIT, ZMEM_COMPRESSOR, \
 ZMEM_RECOMPRESS, ZMEM_MAX_POOL_PERCENT, ZMEM_START_PERCENT, ZMEM_SWAPFILE_DIR, ZMEM_WRITEBACK, ZMEM_NO_ENCRYPT, ZMEM_THRESHOLD, ZMEM_FOLIO, ZMEM_FAULT_AROUND, ZMEM_READ_AHEAD, ZMEM_ADOPT, ZMEM_FORK_EVENT, ZMEM_SHOW_LIMIT, \
-ZMEM_STACKS, ZMEM_SCAN_MS, ZMEM_HANDLER_FOLLOW, ZMEM_HANDLER_HOLD, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
+ZMEM_STACKS, ZMEM_MAX_SLOWDOWN, ZMEM_REPORT, ZMEM_SCAN_MS, ZMEM_HANDLER_FOLLOW, ZMEM_HANDLER_HOLD, ZMEM_STATS_DIR, ZMEM_STATS_INTERVAL_MS, ZMEM_DISABLE); flags win. ZMEM_PRELOAD names the shim library if it is not \
 next to the zmem binary.")]
 pub struct Args {
     /// Resident memory plus pool plus metadata of the managed memory.
+    /// With `--max-slowdown`, the most the limit moves to [default: the
+    /// machine's memory].
     #[arg(long)]
     limit: Option<String>,
+    /// Move the limit while the program runs, so that the time its threads
+    /// wait on zmem because of the limit (loads, eviction waits, the
+    /// throttle) stays near this share of their CPU time: the least memory
+    /// it runs in at that slowdown. `zmem stats PID` shows the limit and
+    /// the stall.
+    #[arg(long, value_name = "PERCENT")]
+    max_slowdown: Option<String>,
+    /// Write an SVG of the limit, usage, resident memory, pool and stall
+    /// over time to FILE as the program exits (FILE.json: the figures, a
+    /// JSON object a quarter second).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
     /// lz4, zstd[:LEVEL], deflate[:LEVEL], lzo, lzo-rle. Unset: lz4, and
     /// zstd:1 for new stores while the swap file serves a tenth of the
     /// loads or more (a smaller pool per page saves disk reads).
@@ -203,6 +217,8 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     set("ZMEM_STACKS", args.stacks.then(|| "1".to_string()));
     set("ZMEM_FORK_EVENT", args.fork_event.then(|| "1".to_string()));
     set("ZMEM_SHOW_LIMIT", args.show_limit.then(|| "1".to_string()));
+    set("ZMEM_MAX_SLOWDOWN", args.max_slowdown.clone());
+    set("ZMEM_REPORT", args.report.as_ref().map(|p| p.display().to_string()));
     // Directories are made absolute here: the program may change its
     // working directory (pyenv's shims do) before its pagers start.
     let cwd = std::env::current_dir().context("the working directory")?;
@@ -212,10 +228,24 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
         }
     }
     // A bad value is an error here, before the program starts.
-    let settings = Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let mut settings = Settings::from_vars(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    if settings.max_slowdown.is_some() && !settings.limit_given {
+        // The controller's ceiling: the machine's memory, which the
+        // program's processes see as their limit too.
+        settings.limit = crate::controller::machine_memory()?;
+        vars.retain(|(k, _)| k != "ZMEM_LIMIT");
+        vars.push(("ZMEM_LIMIT".into(), settings.limit.to_string()));
+    }
     // One limit for the whole process tree: every process the program
     // starts (fork, exec) joins this segment through ZMEM_TREE.
     let tree = TreeFile::create(settings.limit)?;
+    let watch = (settings.max_slowdown.is_some() || settings.report.is_some()).then(|| {
+        let controller = settings.max_slowdown.map(|p| {
+            tree.tree.set_controller((p * 10_000.0) as u64, settings.limit);
+            crate::controller::Controller::new(p, Settings::MIN_LIMIT, settings.limit)
+        });
+        crate::controller::Watch { controller, report: settings.report.clone() }
+    });
     vars.retain(|(k, _)| k != "ZMEM_TREE");
     vars.push(("ZMEM_TREE".into(), tree.path.display().to_string()));
     let so = preload_path()?;
@@ -251,7 +281,18 @@ pub fn run(args: &Args) -> Result<std::process::ExitCode> {
     forward_signals();
     let mut child = cmd.spawn().with_context(|| format!("start {}", args.cmd[0].to_string_lossy()))?;
     started(i32::try_from(child.id()).context("the program's pid")?);
-    let status = child.wait().context("wait for the program")?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let status = std::thread::scope(|sc| {
+        let watcher = watch.map(|w| sc.spawn(|| crate::controller::watch(&tree.tree, w, &done)));
+        let status = child.wait();
+        done.store(true, Ordering::Release);
+        if let Some(w) = watcher {
+            w.thread().unpark();
+            let _ = w.join();
+        }
+        status
+    })
+    .context("wait for the program")?;
     drop(tree);
     // The stats files of the tree's processes that could not remove their
     // own (killed by a signal, `_exit`), in the default directory only (see
@@ -571,6 +612,14 @@ pub fn stats(args: &StatsArgs) -> Result<()> {
             mib(&tree["peak_usage_bytes"]),
             tree["path"].as_str().unwrap_or("?")
         );
+        if let Some(c) = tree["controller"].as_object() {
+            println!(
+                "  the limit moves to hold the stall near {}% of the program's CPU time (--max-slowdown), \
+                 at most {:.1} MiB",
+                c["max_slowdown_percent"].as_f64().unwrap_or(0.0),
+                mib(&c["ceiling"])
+            );
+        }
         println!("  {:>8} {:>10} {:>10} {:>10} {:>12}", "pid", "usage MiB", "share MiB", "peak MiB", "evicted");
         for m in tree["processes"].as_array().into_iter().flatten() {
             println!(

@@ -459,10 +459,69 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
         "recompress": s.settings.recompress.map(|c| c.to_string()),
         "managed_mappings": LIVE.load(Ordering::Relaxed),
         "pager": serde_json::to_value(p).unwrap_or(serde_json::Value::Null),
+        "stall": stall_json(&p),
         "tier": tier,
         "tree": tree,
     })
     .to_string()
+}
+
+/// This process's stall samples (`zmem_common::stall`), each with the
+/// refault distances so far, and the process they are of (a forked child
+/// starts its own).
+static STALL: Mutex<Option<(u32, StallHistory)>> = Mutex::new(None);
+type StallHistory = zmem_common::stall::History<[u64; zmem_uffd::REFAULT_BUCKETS]>;
+type StallMeter = zmem_common::stall::CpuMeter;
+static CPU: Mutex<Option<(u32, StallMeter)>> = Mutex::new(None);
+
+/// The limits, as percent of this one, at which the stall is estimated.
+const ESTIMATED_AT: [u32; 3] = [50, 75, 125];
+
+/// The `stall` object of the stats: the stall on the limit over the last
+/// 10 s and 60 s, percent of the program's threads' CPU time, and an
+/// estimate of it over the last 60 s at other limits
+/// (`zmem_uffd::stall_at_limit`). A look less than 100 ms after the last
+/// adds no sample.
+fn stall_json(p: &zmem_uffd::PagerStats) -> serde_json::Value {
+    use zmem_common::stall::Sample;
+    let pid = std::process::id();
+    let cpu_ns = {
+        let mut m = CPU.lock_ok();
+        let meter = match &mut *m {
+            Some((p, meter)) if *p == pid => meter,
+            _ => &mut m.insert((pid, StallMeter::default())).1,
+        };
+        let threads = zmem_common::stall::program_threads_cpu_ns(None).unwrap_or_default();
+        meter.sample(threads.into_iter().map(|(tid, ns)| ((pid, tid), ns)))
+    };
+    let mut h = STALL.lock_ok();
+    let hist = match &mut *h {
+        Some((p, hist)) if *p == pid => hist,
+        _ => &mut h.insert((pid, StallHistory::new(Duration::from_secs(61)))).1,
+    };
+    let now = Instant::now();
+    if hist.window(Duration::MAX).is_none_or(|(_, last)| now.duration_since(last.at) >= Duration::from_millis(100)) {
+        hist.push(Sample { at: now, stall_ns: p.stall_ns, cpu_ns, extra: p.refault_distance });
+    }
+    let pct = |w| hist.stall_percent(Duration::from_secs(w));
+    // Stall percent at each of ESTIMATED_AT, over the last 60 s.
+    let mut estimate = serde_json::Map::new();
+    if let Some((old, new)) = hist.window(Duration::from_secs(60)).filter(|(o, n)| n.cpu_ns >= o.cpu_ns + 1_000_000) {
+        let cpu = new.cpu_ns - old.cpu_ns;
+        let stall = new.stall_ns.saturating_sub(old.stall_ns);
+        let refaults = std::array::from_fn(|i| new.extra[i].saturating_sub(old.extra[i]));
+        for at in ESTIMATED_AT {
+            let ns = zmem_uffd::stall_at_limit(f64::from(at) / 100.0, stall, &refaults);
+            estimate.insert(format!("limit_{at}_percent"), serde_json::json!(ns as f64 * 100.0 / cpu as f64));
+        }
+    }
+    serde_json::json!({
+        "stall_ns": p.stall_ns,
+        "program_cpu_ns": cpu_ns,
+        "percent_10s": pct(10),
+        "percent_60s": pct(60),
+        "estimate": estimate,
+    })
 }
 
 /// The process tree that shares the limit: its usage and each process's.
@@ -476,13 +535,19 @@ pub(crate) fn tree_json(t: &zmem_uffd::tree::Tree, path: Option<&Path>) -> serde
                 "usage_bytes": m.usage,
                 "peak_usage_bytes": m.peak,
                 "share_bytes": m.share,
+                "pool_bytes": m.pool,
+                "stall_ns": m.stall_ns,
                 "evicted_folios": m.evicted,
             })
         })
         .collect();
+    let controller = t
+        .controller()
+        .map(|(ppm, ceiling)| serde_json::json!({ "max_slowdown_percent": ppm as f64 / 10_000.0, "ceiling": ceiling }));
     serde_json::json!({
         "path": path.map(|p| p.display().to_string()),
         "limit": t.limit(),
+        "controller": controller,
         "usage_bytes": t.usage(),
         "peak_usage_bytes": t.peak(),
         "processes": members,

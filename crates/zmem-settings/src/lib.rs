@@ -24,6 +24,8 @@
 //! | `ZMEM_READ_AHEAD` | `512K` | the most a fault that continues a sequential stream loads ahead (`0`: no read-ahead) |
 //! | `ZMEM_STATS_DIR` | `/tmp/zmem-stats-UID` | where `zmem-PID.json` is updated (UID: the effective user's; one directory per user, `0700`) |
 //! | `ZMEM_STATS_INTERVAL_MS` | `1000` | how often |
+//! | `ZMEM_MAX_SLOWDOWN` | unset | `5%`: `zmem run` moves the tree's limit (at most `ZMEM_LIMIT`, if given) so that the program's stall on it stays near 5% of its CPU time |
+//! | `ZMEM_REPORT` | unset | `zmem run` writes an SVG of the limit, resident memory, pool and stall over time to this file as the program exits |
 //! | `ZMEM_TREE` | unset | the process tree's accounting segment (`zmem run` sets it): the limit is shared by every process of the tree |
 //! | `ZMEM_DISABLE` | `0` | `1`: the shim passes everything through |
 //! | `ZMEM_LOG` | `warn` | `info` or `debug`: more on stderr (from the shim and from `zmem`) |
@@ -88,6 +90,16 @@ pub struct Settings {
     /// then it only counts itself in the tree. 0: at once, as the shim
     /// loads. Needs adoption (the pager finds what was mapped before it).
     pub start_percent: u32,
+    /// `zmem run --max-slowdown`: the stall on the limit, percent of the
+    /// program's CPU time, that the controller moves the tree's limit to
+    /// hold (`ZMEM_MAX_SLOWDOWN`); `None`: the limit is fixed.
+    pub max_slowdown: Option<f64>,
+    /// Whether `ZMEM_LIMIT` was given: with `max_slowdown`, it is the
+    /// ceiling; without, the machine's memory is.
+    pub limit_given: bool,
+    /// `zmem run --report`: an SVG of limit, resident, pool and stall over
+    /// time, written as the program exits (`ZMEM_REPORT`).
+    pub report: Option<PathBuf>,
     pub disable: bool,
 }
 
@@ -117,6 +129,24 @@ pub fn parse_size(s: &str) -> Result<usize, ConfigError> {
         return Err(bad("is not a size above zero"));
     }
     Ok(v)
+}
+
+/// `5%`, `5` or `0.5%`: a slowdown in percent, above 0 and at most 100.
+///
+/// # Errors
+/// [`ConfigError::Setting`] for `key`, naming the bad text.
+pub fn parse_slowdown(key: &str, v: &str) -> Result<f64, ConfigError> {
+    let t = v.trim();
+    let n: f64 = t
+        .strip_suffix('%')
+        .unwrap_or(t)
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::setting(key, v, "expected a percent, such as 5%"))?;
+    if n.is_nan() || n <= 0.0 || n > 100.0 {
+        return Err(ConfigError::setting(key, v, "expected a percent above 0 and at most 100%"));
+    }
+    Ok(n)
 }
 
 fn parse_bool(k: &str, v: &str) -> Result<bool, ConfigError> {
@@ -186,6 +216,9 @@ impl Default for Settings {
             stats_interval: Duration::from_millis(1000),
             tree: None,
             start_percent: defaults::START_PERCENT,
+            max_slowdown: None,
+            limit_given: false,
+            report: None,
             disable: false,
         }
     }
@@ -207,7 +240,13 @@ impl Settings {
             let size = |v: &str| parse_size(v).map_err(|e| ConfigError::setting(k, v, e));
             let bad = |why: &str| ConfigError::setting(k, v, why);
             match k {
-                "ZMEM_LIMIT" => s.limit = size(v)?,
+                "ZMEM_LIMIT" => {
+                    s.limit = size(v)?;
+                    s.limit_given = true;
+                }
+                "ZMEM_MAX_SLOWDOWN" if v.trim().is_empty() => s.max_slowdown = None,
+                "ZMEM_MAX_SLOWDOWN" => s.max_slowdown = Some(parse_slowdown(k, v)?),
+                "ZMEM_REPORT" => s.report = (!v.is_empty()).then(|| PathBuf::from(v)),
                 "ZMEM_COMPRESSOR" => {
                     // A codec named is the codec used.
                     s.compressor = v.parse().map_err(|e| ConfigError::setting(k, v, e))?;
@@ -455,6 +494,21 @@ mod tests {
 
     /// Issue 11, finding 2: `std::env::vars()` panicked on a non-UTF-8
     /// variable, inside the program's first mmap.
+    #[test]
+    fn a_slowdown_is_a_percent_above_zero_and_at_most_a_hundred() {
+        let with = |v: &str| Settings::from_vars([("ZMEM_MAX_SLOWDOWN", v), ("ZMEM_WRITEBACK", "0")]);
+        assert_eq!(with("5%").unwrap().max_slowdown, Some(5.0));
+        assert_eq!(with(" 0.5 % ").unwrap().max_slowdown, Some(0.5));
+        assert_eq!(with("100").unwrap().max_slowdown, Some(100.0));
+        assert_eq!(with("").unwrap().max_slowdown, None);
+        for bad in ["0", "0%", "150%", "abc", "-5%", "nan", "5%%"] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains("ZMEM_MAX_SLOWDOWN") && e.contains(bad.trim()), "{bad}: {e}");
+        }
+        let s = Settings::from_vars([("ZMEM_LIMIT", "64M"), ("ZMEM_WRITEBACK", "0")]).unwrap();
+        assert!(s.limit_given && !Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap().limit_given);
+    }
+
     #[test]
     fn a_non_utf8_variable_is_skipped_and_a_non_utf8_setting_is_an_error() {
         use std::ffi::OsString;

@@ -91,6 +91,13 @@ fn bad_flags_and_variables_are_errors_before_the_program_starts() {
         (vec!["run", "--swapfile", "/nonexistent/zmem"], vec![], "not a directory"),
         (vec!["run"], vec![("ZMEM_MAX_POOL_PERCENT", "150")], "1..=100"),
         (vec!["run"], vec![("ZMEM_LIMTI", "1G")], "unknown setting"),
+        (vec!["run", "--max-slowdown", "0"], vec![], "ZMEM_MAX_SLOWDOWN=0: expected a percent above 0"),
+        (vec!["run", "--max-slowdown", "150%"], vec![], "ZMEM_MAX_SLOWDOWN=150%: expected a percent above 0"),
+        (vec!["run", "--max-slowdown", "abc"], vec![], "ZMEM_MAX_SLOWDOWN=abc: expected a percent, such as 5%"),
+        (vec!["run"], vec![("ZMEM_MAX_SLOWDOWN", "-1%")], "expected a percent above 0"),
+        (vec!["compare", "--max-slowdown", "abc"], vec![], "--max-slowdown=abc: expected a percent"),
+        (vec!["compare", "--max-slowdown", "0%", "--limit", "64M"], vec![], "--max-slowdown=0%"),
+        (vec!["compare"], vec![], "--limit"),
     ] {
         let mut a = args.clone();
         a.extend(["--", "sh", "-c", &touch]);

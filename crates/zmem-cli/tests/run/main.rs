@@ -11,4 +11,5 @@ mod runtimes;
 mod sandboxes;
 mod servers;
 mod shim;
+mod slowdown;
 mod start;
