@@ -6,7 +6,7 @@
 //!
 //! The CPU time is read from `/proc/PID/task/TID/schedstat` (run time, ns;
 //! `stat`'s `utime` + `stime` in clock ticks where it is missing), for
-//! every thread but zmem's own (named `zmem-*`: the handlers' and the
+//! every thread but zmem's own (`host::thread::is_zmem_name`: the handlers' and the
 //! reclaimer's work is the stall's cause, not the program's).
 
 use std::collections::{HashMap, VecDeque};
@@ -34,7 +34,7 @@ pub fn program_threads_cpu_ns(pid: Option<u32>) -> Option<Vec<(u32, u64)>> {
                 let tid: u32 = n.to_str()?.parse().ok()?;
                 let dir = task.join(n);
                 let comm = fds::read_to_string(Wait::Yes, &dir.join("comm")).ok()?;
-                if comm.starts_with("zmem-") {
+                if crate::host::thread::is_zmem_name(comm.as_bytes()) {
                     return None;
                 }
                 let ns = match fds::read_to_string(Wait::Yes, &dir.join("schedstat")) {

@@ -17,7 +17,7 @@
 //! is managed. Their Rust allocations go to glibc (the crate's global
 //! allocator); what libc allocates on them through the interposed symbols
 //! (a thread's TLS destructor list, at its start) goes to glibc too. A
-//! zmem thread is known by its name (`zmem-*`, set before any of that
+//! zmem thread is known by its name (`host::thread::is_zmem_name`, set before any of that
 //! runs), looked up once per thread.
 
 use std::ffi::{c_int, c_void};
@@ -67,7 +67,7 @@ static NEXT: Fns = Fns {
     usable_size: AtomicUsize::new(0),
 };
 
-/// Whether the calling thread is one of zmem's (named `zmem-*`). The
+/// Whether the calling thread is one of zmem's (by its name, `zmem_common::host::thread::is_zmem_name`). The
 /// answer is kept per thread (`flags::thread_kind`).
 pub(crate) fn zmem_thread() -> bool {
     match crate::flags::thread_kind() {
@@ -77,7 +77,7 @@ pub(crate) fn zmem_thread() -> bool {
             let mut name = [0u8; 16];
             // SAFETY: PR_GET_NAME writes at most 16 bytes into name.
             let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
-            let ours = r == 0 && name.starts_with(b"zmem-");
+            let ours = r == 0 && zmem_common::host::thread::is_zmem_name(&name);
             crate::flags::set_thread_kind(if ours { 2 } else { 1 });
             ours
         }

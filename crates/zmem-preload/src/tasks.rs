@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use zmem_common::host::fds::Wait;
 
-/// Whether a thread other than `but` and zmem's (`zmem-*`, and the
+/// Whether a thread other than `but` and zmem's (by name, `host::thread::is_zmem_name`, and the
 /// io_uring workers of its swap file) is in this process (or `/proc`
 /// cannot tell).
 ///
@@ -127,7 +127,7 @@ pub(crate) fn tasks() -> Option<Vec<(i32, String)>> {
 
 /// Whether a thread of this name is zmem's.
 pub(crate) fn is_zmem(comm: &str) -> bool {
-    comm.starts_with("zmem-")
+    zmem_common::host::thread::is_zmem_name(comm.as_bytes())
 }
 
 /// The threads of this process now.

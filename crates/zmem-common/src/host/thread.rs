@@ -19,6 +19,19 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{Builder, JoinHandle};
 
+/// The names zmem gives its threads, as prefixes (`comm`, at most 15
+/// bytes). A thread is zmem's by one of these, not by `zmem-` alone: a
+/// program whose binary is named `zmem-something` has a main thread of
+/// that name.
+const NAMES: [&[u8]; 6] =
+    [b"zmem-handler-", b"zmem-reclaim", b"zmem-stats", b"zmem-engine-", b"zmem-warmup", b"zmem-probe"];
+
+/// Whether a thread named `name` (a `comm`, with or without its newline or
+/// NUL) is one of zmem's.
+pub fn is_zmem_name(name: &[u8]) -> bool {
+    NAMES.iter().any(|n| name.starts_with(n))
+}
+
 /// Signals that are a thread's own doing, left unblocked.
 const SYNCHRONOUS: [libc::c_int; 6] =
     [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS];
@@ -208,6 +221,16 @@ pub fn blocks(sig: libc::c_int) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zmem_threads_are_known_by_their_names_not_by_the_prefix() {
+        for ours in ["zmem-handler-0\n", "zmem-reclaim", "zmem-stats", "zmem-engine-1", "zmem-warmup", "zmem-probe"] {
+            assert!(is_zmem_name(ours.as_bytes()), "{ours}");
+        }
+        for theirs in ["zmem-phases-bin", "zmem-", "python3", "zmem"] {
+            assert!(!is_zmem_name(theirs.as_bytes()), "{theirs}");
+        }
+    }
 
     #[test]
     fn a_spawned_thread_blocks_asynchronous_signals_and_the_caller_keeps_its_mask() {

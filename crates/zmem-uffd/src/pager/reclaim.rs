@@ -251,11 +251,15 @@ impl Inner {
         // and metadata, nothing to evict, beside a parent holding the rest)
         // got shares of 2-4 MiB under 32M and 150M, just above the floor,
         // and warned. A lone process, or one holding most of the tree's
-        // limit, still warns: that is the user's limit missed.
-        let floor = self.acct.member.as_ref().is_some_and(|m| {
-            let floor = self.share_floor();
-            self.limit() <= floor || (self.limit() <= m.tree().limit() / 2 && self.usage() <= self.limit() + floor)
-        });
+        // limit, still warns: that is the user's limit missed. Nor where a
+        // controller moves the limit (`zmem run --max-slowdown`): it probes
+        // down to what cannot be evicted, an idle program's to its floor,
+        // and is not the user's.
+        let floor = self.limit_controlled()
+            || self.acct.member.as_ref().is_some_and(|m| {
+                let floor = self.share_floor();
+                self.limit() <= floor || (self.limit() <= m.tree().limit() / 2 && self.usage() <= self.limit() + floor)
+            });
         if r.warned {
             return;
         }
