@@ -10,6 +10,66 @@ use crate::common::*;
 
 const MIB: u64 = 1 << 20;
 
+/// `tests/data/phases.c` under `zmem run FLAGS`, driven phase by phase:
+/// each phase's end is a line it prints, and it goes on at a line the
+/// test writes.
+struct Phases {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    stats: std::path::PathBuf,
+}
+
+impl Phases {
+    /// Starts it with `args` (seconds a phase, then MiB a phase), its stats
+    /// written every 200 ms into `name`'s directory, and `env`.
+    fn start(name: &str, flags: &[&str], args: &[&str], env: &[(&str, &str)]) -> Phases {
+        let stats = tmpdir(name);
+        let swap = tmpdir(&format!("{name}-swap"));
+        let mut child = Command::new(zmem_exe())
+            .arg("run")
+            .args(flags)
+            .arg("--swapfile")
+            .arg(&swap)
+            .arg("--")
+            .arg(compile_c("phases"))
+            .args(args)
+            .env("ZMEM_PRELOAD", preload())
+            .env("ZMEM_STATS_DIR", &stats)
+            .env("ZMEM_STATS_INTERVAL_MS", "200")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Phases { child, stdin, lines, stats }
+    }
+
+    /// Waits for the end of the next phase, and returns the program's stats
+    /// then (a file written since: 400 ms later).
+    fn end_of_phase(&mut self) -> serde_json::Value {
+        let line = self.lines.next().expect("a line per phase").unwrap();
+        let pid = line.strip_prefix("phase ").and_then(|l| l.split(' ').nth(1)).unwrap_or_else(|| panic!("{line}"));
+        std::thread::sleep(Duration::from_millis(400));
+        let file = self.stats.join(format!("zmem-{pid}.json"));
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+    }
+
+    fn next_phase(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+    }
+
+    /// Waits for the program's exit: every page it checked was right.
+    fn finish(mut self, what: &dyn std::fmt::Debug) {
+        wait_or_kill_group(&mut self.child, 60, "phases");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}: a page read back wrong, or the program died; {what:?}");
+    }
+}
+
 /// A C program whose working set goes 48 MiB, 160 MiB, 48 MiB, each
 /// re-read at random for 12 s (`tests/data/phases.c`), under
 /// `--max-slowdown 5%` with no ceiling: each phase ends with the limit
@@ -19,44 +79,20 @@ const MIB: u64 = 1 << 20;
 /// target. Every page is checked at every touch.
 #[test]
 fn the_limit_follows_a_working_set_through_its_phases_with_the_stall_under_target() {
-    let exe = compile_c("phases");
-    let stats = tmpdir("slowdown-phases");
-    let swap = tmpdir("slowdown-phases-swap");
-    let report = stats.join("report.json");
+    let report = tmpdir("slowdown-phases-report").join("report.json");
     let t0 = std::time::Instant::now();
-    let mut child = Command::new(zmem_exe())
-        .args(["run", "--max-slowdown", "5%", "--report", report.to_str().unwrap(), "--swapfile"])
-        .arg(&swap)
-        .arg("--")
-        .arg(&exe)
-        .args(["12", "48", "160", "48"])
-        .env("ZMEM_PRELOAD", preload())
-        .env("ZMEM_STATS_DIR", &stats)
-        .env("ZMEM_STATS_INTERVAL_MS", "200")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let flags = ["--max-slowdown", "5%", "--report", report.to_str().unwrap()];
+    let mut p = Phases::start("slowdown-phases", &flags, &["12", "48", "160", "48"], &[]);
     let mut seen = Vec::new();
     for ws in [48, 160, 48] {
-        let line = lines.next().expect("a line per phase").unwrap();
-        let pid = line.strip_prefix("phase ").and_then(|l| l.split(' ').nth(1)).unwrap_or_else(|| panic!("{line}"));
-        // The stats of the phase's end: written every 200 ms.
-        std::thread::sleep(Duration::from_millis(400));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(stats.join(format!("zmem-{pid}.json"))).unwrap()).unwrap();
+        let v = p.end_of_phase();
         let stall = v["stall"]["percent_10s"].as_f64().unwrap_or_else(|| panic!("no stall: {v}"));
         seen.push((ws, t0.elapsed().as_secs_f64() - 0.4, stall));
         assert_eq!(v["tree"]["controller"]["max_slowdown_percent"], 5.0, "{v}");
         assert!(v["stall"]["estimate"]["limit_50_percent"].is_f64(), "{v}");
-        writeln!(stdin, "go").unwrap();
+        p.next_phase();
     }
-    wait_or_kill_group(&mut child, 60, "phases");
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{status}: a page read back wrong, or the program died; {seen:?}");
+    p.finish(&seen);
     // The report: a point a tick (100 ms), from the program's start.
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let points = r["points"].as_array().unwrap();
@@ -81,38 +117,21 @@ fn the_limit_follows_a_working_set_through_its_phases_with_the_stall_under_targe
 /// its stall stays low. A fixed `--limit` is the ceiling.
 #[test]
 fn a_program_that_leaves_most_of_its_memory_cold_ends_far_below_native() {
-    let exe = compile_c("phases");
-    let stats = tmpdir("slowdown-cold");
-    let swap = tmpdir("slowdown-cold-swap");
     // 256 MiB filled, then its first 16 MiB re-read for 10 s.
-    let mut child = Command::new(zmem_exe())
-        .args(["run", "--max-slowdown", "5%", "--limit", "1G", "--swapfile"])
-        .arg(&swap)
-        .arg("--")
-        .arg(&exe)
-        .args(["10", "256"])
-        .env("ZMEM_PRELOAD", preload())
-        .env("ZMEM_STATS_DIR", &stats)
-        .env("ZMEM_STATS_INTERVAL_MS", "200")
-        .env("PHASES_HOT_MIB", "16")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next().expect("the phase's line").unwrap();
-    let pid = line.split(' ').nth(2).unwrap().to_string();
-    std::thread::sleep(Duration::from_millis(400));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(stats.join(format!("zmem-{pid}.json"))).unwrap()).unwrap();
-    writeln!(stdin, "go").unwrap();
-    wait_or_kill_group(&mut child, 60, "phases");
-    assert!(child.wait().unwrap().success(), "{v}");
+    let flags = ["--max-slowdown", "5%", "--limit", "1G"];
+    let mut p = Phases::start("slowdown-cold", &flags, &["10", "256"], &[("PHASES_HOT_MIB", "16")]);
+    let v = p.end_of_phase();
+    p.next_phase();
+    p.finish(&v);
     let usage = v["pager"]["usage_bytes"].as_u64().unwrap();
     let rss = v["footprint"]["rss_bytes"].as_u64().unwrap();
-    eprintln!("usage {} MiB, rss {} MiB, limit {} MiB, {}", usage / MIB, rss / MIB, v["tree"]["limit"], v["stall"]);
+    eprintln!(
+        "usage {} MiB, rss {} MiB, limit {} MiB, {}",
+        usage / MIB,
+        rss / MIB,
+        v["tree"]["limit"].as_u64().unwrap_or(0) / MIB,
+        v["stall"]
+    );
     assert_eq!(v["tree"]["controller"]["ceiling"], 1u64 << 30, "{v}");
     assert!(usage < 96 * MIB && rss < 128 * MIB, "natively 256 MiB: {v}");
     assert!(v["stall"]["percent_10s"].as_f64().unwrap() < 5.0, "{v}");
