@@ -15,11 +15,10 @@
 //! - **Probe down** while the stall over the last second is under half the
 //!   target, from the usage (a limit above it reclaims nothing), by up to
 //!   the probe a tick, less as the stall nears half the target. The probe
-//!   starts at [`DOWN_STEP`], halves at every rise (down to
+//!   starts at [`DOWN_STEP`], halves at every failed probe (down to
 //!   [`MIN_PROBE`]) and grows back by a tenth at every step down: where
-//!   the whole working set is hot, a cut of 6% is a fault for 6% of its
-//!   re-reads, many times the target, and the probe shrinks until its cuts
-//!   cost about the target.
+//!   the whole working set is hot, a cut of 2.5% is a fault for 2.5% of
+//!   its re-reads, many times the target, and the probe shrinks.
 //! - **Back off up** as soon as one tick's stall is over the target, by
 //!   [`UP_GAIN`] times the overshoot, at most [`UP_STEP`] a tick: a limit
 //!   cut below the working set costs a fault per re-read, so the way up is
@@ -32,12 +31,12 @@
 //! - **Hold** between half the target and the target: the dead band keeps
 //!   a program whose stall sits near its target from being pushed in and
 //!   out of its working set every tick. A held limit is trimmed to
-//!   [`HEADROOM`] over the usage, which costs nothing (it evicts nothing). Hold too while the usage grows
-//!   faster than a probe would take it back (by more than [`DOWN_STEP`]
-//!   of it over the last second): a program building its data would wait
-//!   on the throttle for every folio a probe made room for, where the same
-//!   folios are evicted by the reclaimer in the background, off the
-//!   program's path, once it stops growing.
+//!   [`HEADROOM`] over the usage, which costs nothing (it evicts nothing).
+//!   Hold too while the usage grows faster than a probe would take it back
+//!   (by more than [`DOWN_STEP`] of it over the last second): a program
+//!   building its data would wait on the throttle for every folio a probe
+//!   made room for, where the same folios are evicted by the reclaimer in
+//!   the background, off the program's path, once it stops growing.
 //!
 //! A probe into a working set that is hot all through (a cache read at
 //! random) costs more than its cut: reclaim evicts to the low watermark,
@@ -377,7 +376,7 @@ mod tests {
     fn an_idle_or_unstalled_program_is_probed_down_from_its_usage() {
         let mut c = ctl();
         assert_eq!(c.limit, 1024 * M, "it starts at the ceiling");
-        // No stall: 3% under the usage at once, not under the ceiling.
+        // No stall: a step under the usage at once, not under the ceiling.
         assert_eq!(c.step(near(0.0), Some(0.0), 200 * M, 200 * M), (200.0 * M as f64 * (1.0 - DOWN_STEP)) as usize);
         // Idle counts as no stall; the floor holds.
         for _ in 0..200 {
