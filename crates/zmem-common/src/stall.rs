@@ -4,7 +4,10 @@
 //! same for a cgroup from the scheduler; zmem serves the faults, so it
 //! knows each wait exactly, per process and without root.
 //!
-//! The CPU time is read from `/proc/PID/task/TID/schedstat` (run time, ns;
+//! Inside the program's process (the shim's stats), the CPU time is the
+//! process's CPU clock less zmem's threads' clocks ([`this_program_cpu_ns`]):
+//! no file is opened there. From outside (`zmem run`'s controller), it is
+//! read from `/proc/PID/task/TID/schedstat` (run time, ns;
 //! `stat`'s `utime` + `stime` in clock ticks where it is missing), for
 //! every thread but zmem's own (`host::thread::is_zmem_name`: the handlers' and the
 //! reclaimer's work is the stall's cause, not the program's).
@@ -49,6 +52,17 @@ pub fn program_threads_cpu_ns(pid: Option<u32>) -> Option<Vec<(u32, u64)>> {
             })
             .collect(),
     )
+}
+
+/// The CPU time this process's program threads have run, ns: the
+/// process's less zmem's own threads' (`meter` adds theirs up as they come
+/// and go), read from CPU clocks, with no file opened
+/// (`host::thread::ours_cpu_ns`). A thread of zmem's that ended before its
+/// first sample counts as the program's.
+pub fn this_program_cpu_ns(meter: &mut CpuMeter) -> u64 {
+    let pid = std::process::id();
+    let zmem = meter.sample(crate::host::thread::ours_cpu_ns().into_iter().map(|(tid, ns)| ((pid, tid), ns)));
+    crate::host::thread::process_cpu_ns().saturating_sub(zmem)
 }
 
 /// Adds up the CPU time of threads that come and go: each sample's threads
@@ -169,6 +183,38 @@ mod tests {
         h.push(s(75_000, 1_500, 20_000));
         h.push(s(90_000, 1_500, 20_000));
         assert_eq!(h.window(Duration::from_secs(3600)).unwrap().0.at, t0 + Duration::from_secs(75));
+    }
+
+    #[test]
+    fn this_programs_cpu_time_leaves_zmems_threads_out() {
+        // Other tests run threads beside this one: only what is zmem's is
+        // measured exactly (the process's time less the program's).
+        let mut m = CpuMeter::default();
+        let zmem_part = |m: &mut CpuMeter| {
+            let p = this_program_cpu_ns(m);
+            (crate::host::thread::process_cpu_ns() - p, p)
+        };
+        let (zmem_before, program_before) = zmem_part(&mut m);
+        // A zmem thread (listed in `ours`) that spins 50 ms: zmem's.
+        let t = crate::host::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), || {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_millis(50) {
+                std::hint::black_box(0u64);
+            }
+            // Sampled before it ends.
+            std::thread::sleep(Duration::from_millis(200));
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let (zmem_mid, _) = zmem_part(&mut m);
+        t.join().unwrap();
+        assert!(zmem_mid - zmem_before >= 40_000_000, "{} ms of zmem's", (zmem_mid - zmem_before) / 1_000_000);
+        // This thread spins 50 ms: the program's.
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
+        assert!(this_program_cpu_ns(&mut m) - program_before >= 40_000_000);
     }
 
     #[test]

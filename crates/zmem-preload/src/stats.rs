@@ -485,14 +485,15 @@ const ESTIMATED_AT: [u32; 3] = [50, 75, 125];
 fn stall_json(p: &zmem_uffd::PagerStats) -> serde_json::Value {
     use zmem_common::stall::Sample;
     let pid = std::process::id();
+    // From CPU clocks: a file opened here could take a standard stream's
+    // number a program just closed (`zmem_common::host::thread::ours_cpu_ns`).
     let cpu_ns = {
         let mut m = CPU.lock_ok();
         let meter = match &mut *m {
             Some((p, meter)) if *p == pid => meter,
             _ => &mut m.insert((pid, StallMeter::default())).1,
         };
-        let threads = zmem_common::stall::program_threads_cpu_ns(None).unwrap_or_default();
-        meter.sample(threads.into_iter().map(|(tid, ns)| ((pid, tid), ns)))
+        zmem_common::stall::this_program_cpu_ns(meter)
     };
     let mut h = STALL.lock_ok();
     let hist = match &mut *h {
