@@ -467,12 +467,14 @@ fn stats_json_with(s: &Shim, mem: ProcMem) -> String {
 }
 
 /// This process's stall samples (`zmem_common::stall`), each with the
-/// refault distances so far, and the process they are of (a forked child
-/// starts its own).
-static STALL: Mutex<Option<(u32, StallHistory)>> = Mutex::new(None);
+/// refault distances so far, the meter of zmem's threads' CPU time, and
+/// the process they are of (a forked child starts its own). Only tried:
+/// a child forked while its parent's stats thread held it (a daemon's
+/// `zmem_stats_json`, through the C API) waited for good on a lock no
+/// thread of its own would release.
+static STALL: Mutex<Option<(u32, StallMeter, StallHistory)>> = Mutex::new(None);
 type StallHistory = zmem_common::stall::History<[u64; zmem_uffd::REFAULT_BUCKETS]>;
 type StallMeter = zmem_common::stall::CpuMeter;
-static CPU: Mutex<Option<(u32, StallMeter)>> = Mutex::new(None);
 
 /// The limits, as percent of this one, at which the stall is estimated.
 const ESTIMATED_AT: [u32; 3] = [50, 75, 125];
@@ -485,21 +487,20 @@ const ESTIMATED_AT: [u32; 3] = [50, 75, 125];
 fn stall_json(p: &zmem_uffd::PagerStats) -> serde_json::Value {
     use zmem_common::stall::Sample;
     let pid = std::process::id();
+    let mut g = match STALL.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        // The stats thread is sampling: this call (the C API's) gives the
+        // counter alone.
+        Err(TryLockError::WouldBlock) => return serde_json::json!({ "stall_ns": p.stall_ns }),
+    };
+    let (_, meter, hist) = match &mut *g {
+        Some(s) if s.0 == pid => s,
+        _ => g.insert((pid, StallMeter::default(), StallHistory::new(Duration::from_secs(61)))),
+    };
     // From CPU clocks: a file opened here could take a standard stream's
     // number a program just closed (`zmem_common::host::thread::ours_cpu_ns`).
-    let cpu_ns = {
-        let mut m = CPU.lock_ok();
-        let meter = match &mut *m {
-            Some((p, meter)) if *p == pid => meter,
-            _ => &mut m.insert((pid, StallMeter::default())).1,
-        };
-        zmem_common::stall::this_program_cpu_ns(meter)
-    };
-    let mut h = STALL.lock_ok();
-    let hist = match &mut *h {
-        Some((p, hist)) if *p == pid => hist,
-        _ => &mut h.insert((pid, StallHistory::new(Duration::from_secs(61)))).1,
-    };
+    let cpu_ns = zmem_common::stall::this_program_cpu_ns(meter);
     let now = Instant::now();
     if hist.window(Duration::MAX).is_none_or(|(_, last)| now.duration_since(last.at) >= Duration::from_millis(100)) {
         hist.push(Sample { at: now, stall_ns: p.stall_ns, cpu_ns, extra: p.refault_distance });
