@@ -138,7 +138,27 @@ pub fn init_stderr_logger() {
             _ => log::LevelFilter::Warn,
         };
         log::set_max_level(level);
+        std::panic::set_hook(Box::new(report_panic));
     }
+}
+
+/// The panic hook of zmem's binaries and of the shim (each has its own
+/// copy of std): one log line with the place and the message. std's own
+/// hook reads `RUST_BACKTRACE` from the environment at the first panic,
+/// and in the shim the environment is the program's memory: where zmem
+/// had evicted it (redis keeps its environment on its heap, moved there
+/// to make room for its process title), a panic on the pager's handler
+/// thread faulted on it, waited for the handler (itself) for good, and
+/// the program hung instead of aborting with this line.
+fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let msg = info
+        .payload()
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    let place = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+    log::error!("panicked at {place}: {msg}");
 }
 
 /// Locks that shrug off poisoning: a thread that panicked while holding a
@@ -178,6 +198,51 @@ pub fn unpoison<T>(r: LockResult<T>) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panic after `init_stderr_logger` reads nothing of the environment:
+    /// a child whose `environ` points at a page it may not read (as a
+    /// program's environment zmem evicted would fault) panics on a thread
+    /// and gets the log line. std's hook faulted there (SIGSEGV).
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_panic_is_reported_without_reading_the_environment() {
+        if std::env::var_os("ZMEM_TEST_PANIC_CHILD").is_some() {
+            init_stderr_logger();
+            extern "C" {
+                static mut environ: *const *const libc::c_char;
+            }
+            // SAFETY: a fresh anonymous mapping of one page, unreadable,
+            // never freed: no Rust reference covers it.
+            let page = unsafe {
+                libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            assert_ne!(page, libc::MAP_FAILED);
+            // SAFETY: this child has one other thread (the test harness's
+            // main, waiting); once `environ` points at the page, nothing
+            // here reads the environment but a panic hook that would, the
+            // one tested.
+            unsafe { environ = page as *const *const libc::c_char };
+            let r = std::thread::spawn(|| panic!("on purpose")).join();
+            assert!(r.is_err());
+            std::process::exit(7);
+        }
+        let me = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(me)
+            .args([
+                "--exact",
+                "tests::a_panic_is_reported_without_reading_the_environment",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("ZMEM_TEST_PANIC_CHILD", "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(7), "the child: {:?}, stderr: {err}", out.status);
+        assert!(err.contains("zmem: panicked at crates/zmem-common/src/lib.rs:"), "{err}");
+        assert!(err.contains("on purpose"), "{err}");
+    }
 
     #[test]
     fn a_poisoned_lock_still_opens() {
