@@ -130,6 +130,11 @@ struct Outcome {
     avg_footprint_bytes: u64,
     /// The peak of the tree's whole PSS, file pages included.
     peak_pss_bytes: u64,
+    /// The program's own pages in memory: the footprint less the pool, and
+    /// for zmem less its metadata too (`Own`), at the peak and averaged over
+    /// the run's time.
+    peak_resident_bytes: u64,
+    avg_resident_bytes: u64,
     /// The kernel's run: the cgroup's `memory.max_usage_in_bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     cgroup_peak_bytes: Option<u64>,
@@ -172,7 +177,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut out = Vec::new();
     let mut native = Command::new(&args.cmd[0]);
     native.args(&args.cmd[1..]);
-    out.push(measure("native", native, None)?);
+    out.push(measure("native", native, &Own::Nothing)?);
 
     let zmem = |config: &str, limit: &str| zmem_run(args, config, &["--limit", limit]);
     out.push(zmem("zmem", limit_text)?);
@@ -213,7 +218,7 @@ pub fn run(args: &Args) -> Result<()> {
 fn run_controlled_only(args: &Args, slowdown: f64) -> Result<()> {
     let mut native = Command::new(&args.cmd[0]);
     native.args(&args.cmd[1..]);
-    let mut out = vec![measure("native", native, None)?];
+    let mut out = vec![measure("native", native, &Own::Nothing)?];
     out.push(zmem_run(args, &format!("zmem:{slowdown}%"), &["--max-slowdown", &format!("{slowdown}%")])?);
     report(&out, args.json);
     if let Some(bad) = out.iter().find(|o| !o.exit_ok) {
@@ -229,7 +234,7 @@ fn zmem_run(args: &Args, config: &str, flags: &[&str]) -> Result<Outcome> {
     let mut c = Command::new(&me);
     c.arg("run").args(flags).args(["--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
     loads.set_env(&mut c);
-    let mut o = measure(config, c, None)?;
+    let mut o = measure(config, c, &Own::Zmem(&loads))?;
     o.loads = loads.count();
     Ok(o)
 }
@@ -247,7 +252,8 @@ fn kernel_run(args: &Args, zswap: Option<&str>, limit: usize, swap_bytes: usize)
     k.arg("-c").arg(format!("echo $$ > '{}' && exec \"$@\"", procs.display())).arg("sh").args(&args.cmd);
     let name = zswap.map_or("swap".to_string(), |c| format!("kernel:{c}"));
     let loads = Loads::kernel();
-    let mut o = measure(&name, k, zswap.map(|_| &setup))?;
+    let own = if zswap.is_some() { Own::Zswap } else { Own::Nothing };
+    let mut o = measure(&name, k, &own)?;
     o.loads = loads.count();
     o.cgroup_peak_bytes = setup
         .cgroup
@@ -262,46 +268,82 @@ fn kernel_run(args: &Args, zswap: Option<&str>, limit: usize, swap_bytes: usize)
     Ok(o)
 }
 
+/// What of a run's footprint is the pager's own, not the program's pages.
+enum Own<'a> {
+    /// A native or plain-swap run: nothing.
+    Nothing,
+    /// The kernel's zswap: its pool (`pool_total_size`), outside the
+    /// program's page tables and added to its footprint.
+    Zswap,
+    /// zmem: the pool and the metadata of each process, from the stats
+    /// files of the run (`Loads::StatsDir`); they are anonymous memory of
+    /// the program's processes, so already in the sampled footprint.
+    Zmem(&'a Loads),
+}
+
+impl Own<'_> {
+    /// (bytes to add to the sampled anonymous and shared pages for the
+    /// footprint, bytes of the footprint that are not the program's pages).
+    fn sample(&self) -> (u64, u64) {
+        match self {
+            Own::Nothing => (0, 0),
+            Own::Zswap => {
+                let pool = debugfs_zswap("pool_total_size");
+                (pool, pool)
+            }
+            Own::Zmem(loads) => (0, loads.sum(stats_file_own_bytes)),
+        }
+    }
+}
+
 /// Runs `cmd` to the end, sampling the footprint every 20 ms: the process
 /// tree's anonymous and shared PSS (`Sampler`), plus zswap's pool for a
-/// kernel run.
-fn measure(config: &str, mut cmd: Command, kernel: Option<&KernelSetup>) -> Result<Outcome> {
+/// kernel run. The program's resident pages are that footprint less what
+/// `own` says is the pager's.
+fn measure(config: &str, mut cmd: Command, own: &Own<'_>) -> Result<Outcome> {
     // The program's output goes to stderr: stdout is the report's.
     cmd.stdout(std::io::stderr());
     let t0 = Instant::now();
     let mut child = cmd.spawn().with_context(|| format!("start the program ({config})"))?;
     let root = child.id();
-    let (mut peak, mut peak_pss) = (0u64, 0u64);
-    // The footprint's integral over time (byte-seconds), each sample held
-    // until the next.
-    let (mut area, mut last) = (0f64, None::<(Instant, u64)>);
+    let (mut peak, mut peak_pss, mut peak_resident) = (0u64, 0u64, 0u64);
+    // The integrals over time (byte-seconds) of the footprint and of the
+    // resident pages, each sample held until the next.
+    let (mut area, mut resident_area, mut last) = (0f64, 0f64, None::<(Instant, u64, u64)>);
     let mut sampler = Sampler::new(root);
     let status: ExitStatus = loop {
         if let Some(s) = child.try_wait()? {
             break s;
         }
         let m = sampler.sample();
-        let pool = if kernel.is_some() { debugfs_zswap("pool_total_size") } else { 0 };
+        let (pool, pagers) = own.sample();
         let now = Instant::now();
         let footprint = m.anon + m.shmem + pool;
-        if let Some((t, f)) = last {
+        let resident = footprint.saturating_sub(pagers);
+        peak_resident = peak_resident.max(resident);
+        if let Some((t, f, r)) = last {
             area += f as f64 * now.duration_since(t).as_secs_f64();
+            resident_area += r as f64 * now.duration_since(t).as_secs_f64();
         }
-        last = Some((now, footprint));
+        last = Some((now, footprint, resident));
         peak = peak.max(footprint);
         peak_pss = peak_pss.max(m.all + pool);
         std::thread::sleep(Duration::from_millis(20));
     };
     let elapsed_s = t0.elapsed().as_secs_f64();
-    if let Some((t, f)) = last {
+    if let Some((t, f, r)) = last {
         area += f as f64 * t.elapsed().as_secs_f64();
+        resident_area += r as f64 * t.elapsed().as_secs_f64();
     }
+    let avg = |a: f64| if elapsed_s > 0.0 { (a / elapsed_s) as u64 } else { 0 };
     Ok(Outcome {
         config: config.to_string(),
         elapsed_s,
         peak_footprint_bytes: peak,
-        avg_footprint_bytes: if elapsed_s > 0.0 { (area / elapsed_s) as u64 } else { 0 },
+        avg_footprint_bytes: avg(area),
         peak_pss_bytes: peak_pss,
+        peak_resident_bytes: peak_resident,
+        avg_resident_bytes: avg(resident_area),
         cgroup_peak_bytes: None,
         loads: None,
         exit_ok: status.success(),
@@ -351,15 +393,16 @@ impl Loads {
     fn count(&self) -> Option<u64> {
         match self {
             Loads::Vmstat(before) => Some((vmstat("zswpin") + vmstat("pswpin")).saturating_sub(*before)),
-            Loads::StatsDir(dir) => {
-                let mut sum = 0;
-                for e in std::fs::read_dir(dir).ok()?.flatten() {
-                    let Ok(t) = std::fs::read_to_string(e.path()) else { continue };
-                    sum += stats_file_loads(&t);
-                }
-                Some(sum)
-            }
+            Loads::StatsDir(_) => Some(self.sum(stats_file_loads)),
         }
+    }
+
+    /// `of` each stats file in the run's directory, summed (0 for the
+    /// kernel's).
+    fn sum(&self, of: fn(&str) -> u64) -> u64 {
+        let Loads::StatsDir(dir) = self else { return 0 };
+        let Ok(files) = std::fs::read_dir(dir) else { return 0 };
+        files.flatten().filter_map(|e| std::fs::read_to_string(e.path()).ok()).map(|t| of(&t)).sum()
     }
 }
 
@@ -369,6 +412,17 @@ impl Drop for Loads {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// What one stats file's process holds of zmem's own: the tier's memory
+/// (`tier.memory_bytes`: the pool, its free pages and the tier's tables) and
+/// the pager's folio tables and reclaim lists (0 if it has none).
+fn stats_file_own_bytes(json: &str) -> u64 {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else { return 0 };
+    let get = |a: &str, b: &str| v[a][b].as_u64().unwrap_or(0);
+    get("tier", "memory_bytes")
+        + get("pager", "metadata_folio_table_bytes")
+        + get("pager", "metadata_reclaim_list_bytes")
 }
 
 /// `tier.zswpin` + `tier.pswpin` of one stats file (0 if it has none).
@@ -545,17 +599,18 @@ fn report(out: &[Outcome], json: bool) {
     let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
     let vs_swap_head = if swap { format!(" {:>8}", "vs swap") } else { String::new() };
     println!(
-        "{:<12} {:>10} {:>16} {:>12} {:>10}{vs_swap_head} {:>10} {:>8}  exit",
-        "config", "elapsed s", "peak footprint", "avg", "vs kernel", "loads", "us/load"
+        "{:<12} {:>10} {:>16} {:>12} {:>12} {:>10}{vs_swap_head} {:>10} {:>8}  exit",
+        "config", "elapsed s", "peak footprint", "avg", "resident avg", "vs kernel", "loads", "us/load"
     );
     for o in out {
         let vs_swap_col = if swap { format!(" {:>8}", ratio(vs_swap(out, o))) } else { String::new() };
         println!(
-            "{:<12} {:>10.2} {:>12} MiB {:>8} MiB {:>10}{vs_swap_col} {:>10} {:>8}  {}",
+            "{:<12} {:>10.2} {:>12} MiB {:>8} MiB {:>8} MiB {:>10}{vs_swap_col} {:>10} {:>8}  {}",
             o.config,
             o.elapsed_s,
             o.peak_footprint_bytes >> 20,
             o.avg_footprint_bytes >> 20,
+            o.avg_resident_bytes >> 20,
             ratio(vs_kernel(out, o)),
             o.loads.map_or("-".to_string(), |l| l.to_string()),
             us_per_load(out, o).map_or("-".to_string(), |u| format!("{u:.1}")),
@@ -598,8 +653,8 @@ fn saved_against_native(out: &[Outcome], o: &Outcome) -> Option<Saved> {
 #[cfg(test)]
 mod tests {
     use super::{
-        equal_footprint_limit, parse_rollup, pss_of, rss_of, saved_against_native, stats_file_loads, us_per_load,
-        vs_kernel, vs_swap, Outcome, Pss, Sampler,
+        equal_footprint_limit, parse_rollup, pss_of, rss_of, saved_against_native, stats_file_loads,
+        stats_file_own_bytes, us_per_load, vs_kernel, vs_swap, Outcome, Pss, Sampler,
     };
     use std::process::Command;
 
@@ -610,6 +665,8 @@ mod tests {
             peak_footprint_bytes: 0,
             avg_footprint_bytes: 0,
             peak_pss_bytes: 0,
+            peak_resident_bytes: 0,
+            avg_resident_bytes: 0,
             cgroup_peak_bytes: None,
             loads: None,
             exit_ok,
@@ -652,6 +709,19 @@ mod tests {
         assert_eq!(stats_file_loads(r#"{"pid":1,"tier":{"zswpin":700,"pswpin":42,"zswpout":9}}"#), 742);
         assert_eq!(stats_file_loads(r#"{"pid":1}"#), 0, "no tier yet");
         assert_eq!(stats_file_loads("{\"pid\":1,\"ti"), 0, "cut short");
+    }
+
+    #[test]
+    fn a_stats_file_gives_zmems_own_memory_apart_from_the_programs() {
+        let t = r#"{"pid":1,"tier":{"memory_bytes":7000,"pool_total_size":6000},
+                    "pager":{"metadata_bytes":900,"metadata_folio_table_bytes":300,
+                             "metadata_reclaim_list_bytes":200,"metadata_tier_block_bytes":400,
+                             "resident_bytes":99999}}"#;
+        // The tier's tables are in both `memory_bytes` and `metadata_bytes`:
+        // counted once.
+        assert_eq!(stats_file_own_bytes(t), 7500);
+        assert_eq!(stats_file_own_bytes(r#"{"pid":1}"#), 0, "no pager yet");
+        assert_eq!(stats_file_own_bytes("{\"pid\":1,\"ti"), 0, "cut short");
     }
 
     #[test]
