@@ -322,8 +322,9 @@ fn measure(config: &str, mut cmd: Command, own: &Own<'_>) -> Result<Outcome> {
         let resident = footprint.saturating_sub(pagers);
         peak_resident = peak_resident.max(resident);
         if let Some((t, f, r)) = last {
-            area += f as f64 * now.duration_since(t).as_secs_f64();
-            resident_area += r as f64 * now.duration_since(t).as_secs_f64();
+            let held = now.duration_since(t).as_secs_f64();
+            area += f as f64 * held;
+            resident_area += r as f64 * held;
         }
         last = Some((now, footprint, resident));
         peak = peak.max(footprint);
@@ -332,8 +333,9 @@ fn measure(config: &str, mut cmd: Command, own: &Own<'_>) -> Result<Outcome> {
     };
     let elapsed_s = t0.elapsed().as_secs_f64();
     if let Some((t, f, r)) = last {
-        area += f as f64 * t.elapsed().as_secs_f64();
-        resident_area += r as f64 * t.elapsed().as_secs_f64();
+        let held = t.elapsed().as_secs_f64();
+        area += f as f64 * held;
+        resident_area += r as f64 * held;
     }
     let avg = |a: f64| if elapsed_s > 0.0 { (a / elapsed_s) as u64 } else { 0 };
     Ok(Outcome {

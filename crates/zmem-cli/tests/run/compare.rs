@@ -69,6 +69,18 @@ fn compare_runs_a_program_five_ways_and_restores_the_machine() {
     // The program held 128 MiB; under zmem far less of it was resident.
     let (native, zmem) = (fp(0), fp(1));
     assert!(zmem < native, "zmem {zmem} B against native {native} B");
+    // Resident pages: the whole footprint natively and under plain swap;
+    // less the pool under zswap and zmem, whose pools held pages at the
+    // peak (64 MiB read back under 32M).
+    let res = |i: usize, k: &str| rows[i][k].as_u64().unwrap();
+    let avg = |i: usize| rows[i]["avg_footprint_bytes"].as_u64().unwrap();
+    for i in [0, 3] {
+        assert_eq!((res(i, "peak_resident_bytes"), res(i, "avg_resident_bytes")), (fp(i), avg(i)), "{}", rows[i]);
+    }
+    for i in [1, 2, 4] {
+        assert!(res(i, "peak_resident_bytes") > 0 && res(i, "peak_resident_bytes") <= fp(i), "{}", rows[i]);
+        assert!(res(i, "avg_resident_bytes") < avg(i), "{}", rows[i]);
+    }
     // Restored: no cgroup of ours, no swap file of ours, zswap as it was.
     let cgroups = std::fs::read_dir("/sys/fs/cgroup/memory").unwrap();
     assert!(!cgroups.flatten().any(|e| e.file_name().to_string_lossy().starts_with("zmem-usemem-")));
