@@ -234,7 +234,7 @@ fn zmem_run(args: &Args, config: &str, flags: &[&str]) -> Result<Outcome> {
     let mut c = Command::new(&me);
     c.arg("run").args(flags).args(["--show-limit", "--swapfile"]).arg(&args.swap_dir).arg("--").args(&args.cmd);
     loads.set_env(&mut c);
-    let mut o = measure(config, c, &Own::Zmem(&loads))?;
+    let mut o = measure(config, c, &Own::Zmem(&loads, std::cell::Cell::new(None)))?;
     o.loads = loads.count();
     Ok(o)
 }
@@ -268,6 +268,9 @@ fn kernel_run(args: &Args, zswap: Option<&str>, limit: usize, swap_bytes: usize)
     Ok(o)
 }
 
+/// How often the processes of a zmem run write their stats files.
+const STATS_INTERVAL: Duration = Duration::from_millis(200);
+
 /// What of a run's footprint is the pager's own, not the program's pages.
 enum Own<'a> {
     /// A native or plain-swap run: nothing.
@@ -275,10 +278,12 @@ enum Own<'a> {
     /// The kernel's zswap: its pool (`pool_total_size`), outside the
     /// program's page tables and added to its footprint.
     Zswap,
-    /// zmem: the pool and the metadata of each process, from the stats
-    /// files of the run (`Loads::StatsDir`); they are anonymous memory of
-    /// the program's processes, so already in the sampled footprint.
-    Zmem(&'a Loads),
+    /// zmem: the pool and the metadata of each live process, from the
+    /// stats files of the run (`Loads::StatsDir`); they are anonymous
+    /// memory of the program's processes, so already in the sampled
+    /// footprint. The files are written every 200 ms, and read as often:
+    /// the last sum and when it was read.
+    Zmem(&'a Loads, std::cell::Cell<Option<(Instant, u64)>>),
 }
 
 impl Own<'_> {
@@ -291,7 +296,14 @@ impl Own<'_> {
                 let pool = debugfs_zswap("pool_total_size");
                 (pool, pool)
             }
-            Own::Zmem(loads) => (0, loads.sum(stats_file_own_bytes)),
+            Own::Zmem(loads, last) => match last.get().filter(|(at, _)| at.elapsed() < STATS_INTERVAL) {
+                Some((_, own)) => (0, own),
+                None => {
+                    let own = loads.sum_live(stats_file_own_bytes);
+                    last.set(Some((Instant::now(), own)));
+                    (0, own)
+                }
+            },
         }
     }
 }
@@ -388,23 +400,38 @@ impl Loads {
         if let Loads::StatsDir(dir) = self {
             // Each process writes its file last as it exits; every 200 ms
             // too, for one that ends without exit(3).
-            c.env("ZMEM_STATS_DIR", dir).env("ZMEM_STATS_INTERVAL_MS", "200");
+            c.env("ZMEM_STATS_DIR", dir).env("ZMEM_STATS_INTERVAL_MS", STATS_INTERVAL.as_millis().to_string());
         }
     }
 
     fn count(&self) -> Option<u64> {
         match self {
             Loads::Vmstat(before) => Some((vmstat("zswpin") + vmstat("pswpin")).saturating_sub(*before)),
-            Loads::StatsDir(_) => Some(self.sum(stats_file_loads)),
+            Loads::StatsDir(_) => Some(self.sum(stats_file_loads, |_| true)),
         }
     }
 
-    /// `of` each stats file in the run's directory, summed (0 for the
-    /// kernel's).
-    fn sum(&self, of: fn(&str) -> u64) -> u64 {
+    /// `of` the stats files of the run's processes still alive, summed: a
+    /// process that exited left its last counters, not its memory.
+    fn sum_live(&self, of: fn(&str) -> u64) -> u64 {
+        self.sum(of, |pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    }
+
+    /// `of` each stats file in the run's directory whose process `take`s,
+    /// summed (0 for the kernel's).
+    fn sum(&self, of: fn(&str) -> u64, take: impl Fn(u32) -> bool) -> u64 {
         let Loads::StatsDir(dir) = self else { return 0 };
         let Ok(files) = std::fs::read_dir(dir) else { return 0 };
-        files.flatten().filter_map(|e| std::fs::read_to_string(e.path()).ok()).map(|t| of(&t)).sum()
+        files
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_str().filter(|n| n.starts_with("zmem-"));
+                name.and_then(zmem_common::stats_files::owner).is_some_and(&take)
+            })
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .map(|t| of(&t))
+            .sum()
     }
 }
 

@@ -21,7 +21,7 @@ fn tmp_path(dir: &Path, pid: u32) -> PathBuf {
 }
 
 /// The process a file of a stats directory belongs to, if it is one.
-fn owner(name: &str) -> Option<u32> {
+pub fn owner(name: &str) -> Option<u32> {
     let pid = name.strip_prefix("zmem-").and_then(|n| n.strip_suffix(".json"));
     let pid = pid.or_else(|| name.strip_prefix(".zmem-").and_then(|n| n.strip_suffix(".json.tmp")))?;
     pid.parse().ok().filter(|&p| p > 0)
