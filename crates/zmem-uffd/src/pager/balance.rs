@@ -5,30 +5,37 @@
 //! (`BALANCE_STEP` points of the limit, Δ bytes) either way trades misses
 //! of one kind for the other, and each kind is counted where it happens,
 //! within Δ (ARC's ghost lists, by distance):
-//! - a *refault* within Δ: a folio loaded back from the tier fewer folio
-//!   evictions after its own than Δ holds folios (the refault distance of
-//!   mm/workingset.c). Δ more resident bytes would have kept it;
+//! - a *refault* within Δ: a fault on a folio evicted fewer folio
+//!   evictions before than Δ holds folios (the refault distance of
+//!   mm/workingset.c): its first fault back, and each later one on a page a
+//!   partial load left in the tier (`note_swapped_refault`). Δ more
+//!   resident bytes would have kept it;
 //! - a *swap refault* within Δ: a page loaded from the swap file fewer
-//!   pages after its writeback than Δ of pool holds entries at the pool's
-//!   ratio (the tier's `swap_refaults`, with its window set here). Δ more
-//!   pool would have kept it. It costs a read and a decryption besides the
-//!   decompression;
+//!   pages after its writeback than Δ more pool keeps in memory (the
+//!   tier's `swap_refaults`, with its window set here: `step_keeps`). Δ
+//!   more pool would have kept it. It costs a read and a decryption besides
+//!   the decompression;
 //! - a *cold pool load*: a page loaded from the pool's oldest window of
-//!   that size (the tier's `cold_pool_loads`). Δ less pool would have
-//!   written it back, and it would have been a swap refault.
+//!   that size (the tier's `cold_pool_loads`, by an estimate of its place
+//!   that allows for loads taking entries from anywhere: `cold_age`). Δ
+//!   less pool would have written it back, and it would have been a swap
+//!   refault.
 //!
-//! The share moves one step at a time between the configured bounds:
-//! up, every `BALANCE_INTERVAL`, when swap refaults are over
-//! `GROW_MARGIN` times the refaults; down, at most every
-//! `SHRINK_INTERVAL`, when refaults outnumber `SWAP_FAULT_EXTRA` times the
-//! swap refaults and cold pool loads together since the last time it
-//! could, all counted in faults. Misses from further back
-//! count for no side: a walk over several times what memory holds reads it
-//! all back, whatever the share. A step down starts from what the pool
-//! holds, not from its share: a share the pool does not fill gives
-//! resident pages nothing; but it goes to no less than half the share in
-//! one look, since a pool still filling holds far less than it will
-//! (`step_down`).
+//! Each kind is weighed by what it costs, all counted in faults: a
+//! refault, one fault from the pool where a resident page cost nothing; a
+//! swap refault or a cold pool load, a fault from the swap file where one
+//! from the pool would do, `swap_fault_extra` pool faults more, as the
+//! handlers time the two. The share moves one step at a time between the
+//! configured bounds: up, every `BALANCE_INTERVAL`, when the swap
+//! refaults weigh more than the refaults; down, at most every
+//! `SHRINK_INTERVAL`, when the refaults weigh more than the swap refaults
+//! and cold pool loads together since the last time it could. Misses from
+//! further back count for no side: a walk over several times what memory
+//! holds reads it all back, whatever the share. A step down starts from
+//! what the pool holds, not from its share: a share the pool does not
+//! fill gives resident pages nothing; but it goes to no less than half
+//! the share in one look, since a pool still filling holds far less than
+//! it will (`step_down`).
 //!
 //! zswap has no such knob because cgroup v1 does not charge its pool to
 //! the cgroup; under cgroup v2 with `memory.zswap.max` the pool and the
@@ -54,42 +61,71 @@ pub(super) const SHRINK_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) const BALANCE_STEP: u32 = 5;
 /// Misses below which the share stays where it is.
 const QUIET: u64 = 8;
-/// Swap refaults are counted in pages, refaults in faults (one a folio,
-/// where the pages after the first fault again: `swapped_page_faults`),
-/// and a step towards the pool takes room from every resident page: the
-/// pool grows only on this many times the refaults.
-const GROW_MARGIN: u64 = 4;
+/// What a fault that reads the swap file costs over one served from the
+/// pool, in faults from the pool, until the handlers have timed both
+/// kinds (`swap_fault_extra`): `zmem bench fault` puts the two at ~18 and
+/// ~5 µs per 4 KiB of a 64 KiB load.
+const SWAP_FAULT_EXTRA: f64 = 3.0;
+/// Bounds of the timed weight: a fault from the swap file costs at least
+/// one from the pool more (it decompresses too), and a disk stalled for
+/// a moment must not make the pool look worth any price.
+const EXTRA_MIN: f64 = 1.0;
+const EXTRA_MAX: f64 = 32.0;
 
-/// Whether the share should grow after `refaults` refaults and
-/// `swap_refaults` swap refaults within a step.
-pub(super) fn grows(refaults: u64, swap_refaults: u64) -> bool {
-    swap_refaults >= QUIET && swap_refaults > GROW_MARGIN * refaults
+/// What a fault from the swap file costs over one from the pool, in
+/// faults from the pool, from the handlers' timings since the start
+/// (`pool`, `swap`: faults and their nanoseconds; `pool_load_fault_ns`
+/// and `swap_load_fault_ns` in the stats): (swap − pool) / pool. A page
+/// a fault, ~20 against ~150 µs on `xz -9` under 64M, ~13 against ~150 µs
+/// on `scripts/node-random.js` under 200M, ~21 against ~107 µs on
+/// `scripts/mariadb-load` under 395M. [`SWAP_FAULT_EXTRA`] until each kind
+/// has been timed `QUIET` times.
+pub(super) fn swap_fault_extra(pool: (u64, u64), swap: (u64, u64)) -> f64 {
+    if pool.0 < QUIET || swap.0 < QUIET || pool.1 == 0 {
+        return SWAP_FAULT_EXTRA;
+    }
+    let per = |(n, ns): (u64, u64)| ns as f64 / n as f64;
+    (per(swap) / per(pool) - 1.0).clamp(EXTRA_MIN, EXTRA_MAX)
 }
 
-/// What a fault that reads the swap file costs over one served from the
-/// pool, in faults from the pool: `zmem bench fault` puts the two at ~18
-/// and ~5 µs per 4 KiB of a 64 KiB load. The handlers time both kinds
-/// (`pool_load_fault_ns`, `swap_load_fault_ns`): a page a fault, ~20
-/// against ~150 µs on `xz -9` under 64M and ~13 against ~150 µs on
-/// `scripts/node-random.js` under 200M. The timed ratio is not used:
-/// weighed at it (xz 5-6, node 9-12), node's share stayed at 40-45% and
-/// the run took 24.6-37.5 s against 18.9-22.8 s at the 10% it reaches at
-/// 3, so the refaults undercount what resident room saves it. At 4, xz
-/// of random hex lines gained 20-25% and xz of man pages lost ~11%
-/// (docs/benchmarks.md, "The pool's share of the limit").
-const SWAP_FAULT_EXTRA: u64 = 3;
+/// Whether the share should grow after `refaults` refaults and
+/// `swap_faults` faults that read swap refaults within a step, at `extra`
+/// (`swap_fault_extra`): a step up turns each of those into a fault from
+/// the pool, saving `extra` pool faults, and each refault into a fault
+/// from the pool where a resident page cost nothing. Before, swap
+/// refaults were counted in pages and refaults once a folio, and the rule
+/// wanted four times the refaults: with the net window that left the
+/// pager's uniform random reads at a ratio of 1.43, where a read from the
+/// swap file costs ~10 of the pool's, at 50% (docs/experiments.md).
+pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
+    swap_faults >= QUIET && extra * swap_faults as f64 > refaults as f64
+}
 
 /// Whether it should shrink, after `refaults` refaults and, of the misses
 /// a step less pool would cost, `swap_faults` and `cold_faults` (faults
 /// that loaded from the swap file, or from the step of the pool next to be
-/// written back). All three count faults, not pages: the tier counts the
-/// last two in pages, and with a folio loaded a fault they read 14 times
-/// the refaults they stood for (`scripts/node-random.js` under 200M:
-/// 314k cold pool loads in 22k faults, beside ~215k refaults within a
-/// step, and the share never moved). Each of them would cost a read of
-/// the swap file where the refault costs a decompression.
-pub(super) fn shrinks(refaults: u64, swap_faults: u64, cold_faults: u64) -> bool {
-    refaults >= QUIET && refaults > SWAP_FAULT_EXTRA * (swap_faults + cold_faults)
+/// written back), at `extra` (`swap_fault_extra`). All three count faults,
+/// not pages: the tier counts the last two in pages, and with a folio
+/// loaded a fault they read 14 times the refaults they stood for
+/// (`scripts/node-random.js` under 200M: 314k cold pool loads in 22k
+/// faults, beside ~215k refaults within a step, and the share never
+/// moved). Each of them would cost `extra` more than the refault's
+/// decompression.
+pub(super) fn shrinks(refaults: u64, swap_faults: u64, cold_faults: u64, extra: f64) -> bool {
+    refaults >= QUIET && refaults as f64 > extra * (swap_faults + cold_faults) as f64
+}
+
+/// The pages that one step of pool (`step` bytes) keeps in memory at the
+/// pool's `ratio` (bytes of pages stored over bytes of pool), at least 1:
+/// the window of `swap_refaults` and `cold_pool_loads`. The step holds
+/// `step × ratio` bytes of pages, but it is taken from resident pages,
+/// and those go into the pool first: memory holds `step × (ratio − 1)`
+/// bytes of pages more, not `step × ratio`. At a ratio of 1.25 (InnoDB's
+/// pages under lz4) the step keeps a fifth of what `step × ratio` says,
+/// and counted so the share went to 80% of the limit and left MariaDB a
+/// third of the kernel's resident pages (docs/benchmarks.md, 2026-12-05).
+pub(super) fn step_keeps(step: usize, ratio: f64) -> u64 {
+    ((step as f64 * (ratio - 1.0).max(0.0)) as u64 / PAGE_SIZE as u64).max(1)
 }
 
 /// `pages` loaded from the tier as faults, at the `loads` pages that
@@ -117,12 +153,14 @@ pub(super) fn step_down(percent: u32, used: u32, min: u32) -> u32 {
     percent.min(used).saturating_sub(BALANCE_STEP).max(percent / 2).max(min)
 }
 
-/// The reclaim thread's state for the balance: the counters at the last
-/// look, and at the last time the share could shrink.
+/// The reclaim thread's state for the balance: the counters at the start
+/// of the look up (and when it started), and at the last time the share
+/// could shrink.
 #[derive(Debug)]
 pub(super) struct Balance {
     at: Instant,
     last: Misses,
+    last_at: Instant,
     shrink_at: Instant,
     shrink_last: Misses,
 }
@@ -136,7 +174,6 @@ struct Misses {
     swap_refaults: u64,
     cold_pool_loads: u64,
     loads: u64,
-    load_faults: u64,
     /// Timed faults of each kind, and their time: (faults, ns).
     pool: (u64, u64),
     swap: (u64, u64),
@@ -145,13 +182,21 @@ struct Misses {
 }
 
 impl Misses {
+    /// The faults that loaded `loads`: every timed fault, a folio's first
+    /// and those on pages a partial load left in the tier alike (the
+    /// folios' first alone, `load_faults`, are a tenth of them under 4 KiB
+    /// random reads, and scaled the swap refaults of the pager's uniform
+    /// reads to a tenth of the faults they were).
+    fn load_faults(&self) -> u64 {
+        self.pool.0 + self.swap.0
+    }
+
     fn since(self, then: Misses) -> Misses {
         Misses {
             refaults: self.refaults - then.refaults,
             swap_refaults: self.swap_refaults - then.swap_refaults,
             cold_pool_loads: self.cold_pool_loads - then.cold_pool_loads,
             loads: self.loads - then.loads,
-            load_faults: self.load_faults - then.load_faults,
             pool: (self.pool.0 - then.pool.0, self.pool.1 - then.pool.1),
             swap: (self.swap.0 - then.swap.0, self.swap.1 - then.swap.1),
             stores: (self.stores.0 - then.stores.0, self.stores.1 - then.stores.1),
@@ -164,6 +209,7 @@ impl Balance {
         Balance {
             at: Instant::now(),
             last: Misses::default(),
+            last_at: Instant::now(),
             shrink_at: Instant::now(),
             shrink_last: Misses::default(),
         }
@@ -199,46 +245,53 @@ impl Inner {
         }
         b.at = Instant::now();
         let s = self.tier.stats();
-        // A step of pool holds this many entries at the pool's ratio.
         let step = self.limit() / 100 * BALANCE_STEP as usize;
-        let ratio = (s.stored_pages as f64 * PAGE_SIZE as f64 / s.pool_total_size.max(1) as f64).max(1.0);
-        self.tier.set_swap_refault_window(((step as f64 * ratio) as u64 / PAGE_SIZE as u64).max(1));
+        let ratio = s.stored_pages as f64 * PAGE_SIZE as f64 / s.pool_total_size.max(1) as f64;
+        self.tier.set_swap_refault_window(step_keeps(step, ratio));
         let (c, r) = (&self.counters, |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed));
         let now = Misses {
             refaults: self.acct.balance_refaults.load(Ordering::Relaxed),
             swap_refaults: s.swap_refaults,
             cold_pool_loads: s.cold_pool_loads,
             loads: s.zswpin,
-            load_faults: r(&c.load_faults),
             pool: (r(&c.pool_load_faults), r(&c.pool_load_fault_ns)),
             swap: (r(&c.swap_load_faults), r(&c.swap_load_fault_ns)),
             stores: (r(&c.reclaim_store_pages), r(&c.reclaim_store_ns)),
         };
+        // The look up spans 50 ms, or as long as it takes for `QUIET`
+        // swap faults, up to `SHRINK_INTERVAL`: a small limit's step
+        // keeps few pages (16M at a ratio of 1.4: 90), and 50 ms of random
+        // reads over 24 MiB found fewer than 8 swap refaults in it at most
+        // looks, so the share never moved.
         let short = now.since(b.last);
-        b.last = now;
+        let swap_faults = as_faults(short.swap_refaults, short.loads, short.load_faults());
+        if swap_faults >= QUIET || b.last_at.elapsed() >= SHRINK_INTERVAL {
+            (b.last, b.last_at) = (now, Instant::now());
+        }
         let percent = self.pool_percent();
-        let next = if grows(short.refaults, short.swap_refaults) {
+        let extra = swap_fault_extra(now.pool, now.swap);
+        let next = if grows(short.refaults, swap_faults, extra) {
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             (percent + BALANCE_STEP).min(max)
         } else if b.shrink_at.elapsed() >= SHRINK_INTERVAL {
             let long = now.since(b.shrink_last);
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
-            let faults = |pages| as_faults(pages, long.loads, long.load_faults);
+            let faults = |pages| as_faults(pages, long.loads, long.load_faults());
             log::debug!(
-                "pool share {percent}% (pool {used}%), over 1 s in faults: refaults {} swap {} cold {} (pages: {} {}; loads {} in {} folio faults); µs a fault: pool {:.1} swap {:.1}; µs a page stored {:.1}",
+                "pool share {percent}% (pool {used}%), over 1 s in faults: refaults {} swap {} cold {} (pages: {} {}; loads {} in {} faults); µs a fault: pool {:.1} swap {:.1} (a swap fault weighs {extra:.1}); µs a page stored {:.1}",
                 long.refaults,
                 faults(long.swap_refaults),
                 faults(long.cold_pool_loads),
                 long.swap_refaults,
                 long.cold_pool_loads,
                 long.loads,
-                long.load_faults,
+                long.load_faults(),
                 long.pool.1 as f64 / long.pool.0.max(1) as f64 / 1e3,
                 long.swap.1 as f64 / long.swap.0.max(1) as f64 / 1e3,
                 long.stores.1 as f64 / long.stores.0.max(1) as f64 / 1e3,
             );
-            if shrinks(long.refaults, faults(long.swap_refaults), faults(long.cold_pool_loads)) {
+            if shrinks(long.refaults, faults(long.swap_refaults), faults(long.cold_pool_loads), extra) {
                 step_down(percent, used, min)
             } else {
                 percent
@@ -258,21 +311,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn swap_refaults_grow_the_pool_only_on_four_times_the_refaults() {
-        assert!(grows(0, 100));
-        assert!(grows(20, 100));
-        assert!(!grows(25, 100));
-        assert!(!grows(0, QUIET - 1));
+    fn swap_faults_grow_the_pool_when_they_cost_more_than_the_refaults() {
+        // A swap fault 4 pool faults dearer: 100 of them outweigh 399
+        // refaults, not 400.
+        assert!(grows(0, 100, 4.0));
+        assert!(grows(399, 100, 4.0));
+        assert!(!grows(400, 100, 4.0));
+        assert!(!grows(250, 100, 2.0));
+        assert!(grows(250, 100, 9.0));
+        assert!(!grows(0, QUIET - 1, 32.0));
     }
 
     #[test]
-    fn refaults_shrink_it_when_they_outnumber_what_less_pool_would_cost() {
-        assert!(shrinks(100, 0, 0));
-        assert!(shrinks(100, 16, 16));
-        assert!(!shrinks(100, 17, 17));
-        assert!(!shrinks(100, 34, 0));
-        assert!(!shrinks(100, 0, 34));
-        assert!(!shrinks(QUIET - 1, 0, 0));
+    fn refaults_shrink_it_when_they_outweigh_what_less_pool_would_cost() {
+        assert!(shrinks(100, 0, 0, 3.0));
+        assert!(shrinks(100, 16, 16, 3.0));
+        assert!(!shrinks(100, 17, 17, 3.0));
+        assert!(!shrinks(100, 34, 0, 3.0));
+        assert!(!shrinks(100, 0, 34, 3.0));
+        // The dearer the disk, the fewer of its faults hold the share.
+        assert!(shrinks(100, 10, 0, 9.0));
+        assert!(!shrinks(100, 12, 0, 9.0));
+        assert!(!shrinks(QUIET - 1, 0, 0, 1.0));
+    }
+
+    #[test]
+    fn a_swap_fault_weighs_its_timed_cost_over_a_pool_fault() {
+        // ~107 µs against ~21 µs a fault: 4.1 pool faults more.
+        let w = swap_fault_extra((1000, 21_000_000), (500, 53_500_000));
+        assert!((w - 4.095).abs() < 0.01, "{w}");
+        // Untimed, or barely: the benchmark's ratio.
+        assert_eq!(swap_fault_extra((0, 0), (500, 53_500_000)), SWAP_FAULT_EXTRA);
+        assert_eq!(swap_fault_extra((1000, 21_000_000), (QUIET - 1, 1_000_000)), SWAP_FAULT_EXTRA);
+        // Bounded both ways.
+        assert_eq!(swap_fault_extra((1000, 21_000_000), (1000, 20_000_000)), EXTRA_MIN);
+        assert_eq!(swap_fault_extra((1000, 1_000_000), (1000, 1_000_000_000)), EXTRA_MAX);
+    }
+
+    #[test]
+    fn a_step_of_pool_keeps_what_it_holds_less_what_it_takes_from_resident_pages() {
+        let step = 10 << 20;
+        // 3:1: the step holds 30 MiB of pages, 10 of them the resident
+        // pages it displaced.
+        assert_eq!(step_keeps(step, 3.0), (20 << 20) / PAGE_SIZE as u64);
+        assert_eq!(step_keeps(step, 1.25), (step as u64 / 4) / PAGE_SIZE as u64);
+        // Pages that do not compress: a larger pool keeps nothing more.
+        assert_eq!(step_keeps(step, 1.0), 1);
+        assert_eq!(step_keeps(step, 0.0), 1, "an empty pool");
     }
 
     #[test]

@@ -302,6 +302,7 @@ impl Inner {
                     return Served::Again;
                 }
                 ra.loaded_block(st.id, f, want);
+                self.note_swapped_refault(&st, f);
                 if !self.tracking {
                     st.referenced[f].store(true, Ordering::Relaxed);
                 }

@@ -210,8 +210,7 @@ impl Inner {
     /// kept it (mm/workingset.c's refault distance), so it is in use and
     /// earns looks it passes as accessed (`RegionState::protect`).
     pub(super) fn note_refault(&self, st: &RegionState, f: usize) {
-        let distance =
-            self.lists.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed));
+        let distance = self.eviction_distance(st, f);
         let b = super::stats::refault_bucket(distance as usize, self.acct.resident.load(Ordering::Relaxed));
         inc(&self.counters.refault_distance[b]);
         if let Some(m) = &self.acct.member {
@@ -222,6 +221,29 @@ impl Inner {
             st.protect[f].store((p + 1).min(REFAULT_PROTECT), Ordering::Relaxed);
             inc(&self.counters.workingset_refaults);
         }
+        self.count_balance_refault(distance);
+    }
+
+    /// A fault on a page a partial load left in the tier of resident folio
+    /// `f`: for the pool's share, a miss as much as the folio's first
+    /// (`count_balance_refault`). With 4 KiB partial loads a folio comes
+    /// back over ~10 faults, and counted once a folio the refaults stood
+    /// for a tenth of what more resident room saves, beside swap refaults
+    /// and cold pool loads counted a fault each.
+    pub(super) fn note_swapped_refault(&self, st: &RegionState, f: usize) {
+        self.count_balance_refault(self.eviction_distance(st, f));
+    }
+
+    /// Folio evictions since folio `f`'s last one (the refault distance).
+    fn eviction_distance(&self, st: &RegionState, f: usize) -> u32 {
+        self.lists.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.evicted_at[f].load(Ordering::Relaxed))
+    }
+
+    /// Counts a fault on a folio evicted `distance` folio evictions ago as
+    /// a refault for the pool's share (`balance_refaults`) when a step of
+    /// the share holds that many folios: a step more resident memory
+    /// would have saved it.
+    fn count_balance_refault(&self, distance: u32) {
         if (distance as usize) < self.balance_step_folios() {
             self.acct.balance_refaults.fetch_add(1, Ordering::Relaxed);
         }
