@@ -140,6 +140,11 @@ pub struct Tier {
     /// pages back in the writeback stream than this; 0: than the pool
     /// holds entries.
     refault_window: AtomicU64,
+    /// A load from the pool is a `cold_pool_loads` when its entry is at
+    /// least this old (pages stored since): the oldest window's start,
+    /// placed by `load::cold_age` each time the window is set; 0 (no
+    /// window): every load.
+    cold_age: AtomicU64,
     shrink_lock: Mutex<Vec<u8>>,
     /// The codec paths' buffers (not thread-locals: see `buffers`).
     buffers: buffers::Buffers,
@@ -209,6 +214,7 @@ impl Tier {
             max_bytes: AtomicUsize::new(max_bytes),
             accept_bytes: AtomicUsize::new(accept_bytes),
             refault_window: AtomicU64::new(0),
+            cold_age: AtomicU64::new(0),
             shrink_lock: Mutex::new(Vec::new()),
             recompress_to: Mutex::new(None),
             recompress_cursor: AtomicUsize::new(0),
@@ -256,9 +262,17 @@ impl Tier {
     /// How far back in the writeback stream (in pages written back) a load
     /// from the swap file counts as a `swap_refaults`: those a pool that
     /// many entries larger would have kept. 0 (the default): as many as
-    /// the pool holds, a pool twice as large.
+    /// the pool holds, a pool twice as large. The same window of the
+    /// pool's oldest entries makes a load from the pool a
+    /// `cold_pool_loads`; where that window starts is placed now, from
+    /// the pool's entries and how they have left (`load::cold_age`).
     pub fn set_swap_refault_window(&self, pages: u64) {
+        let c = &self.counters;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let loads = r(&c.zswpin).saturating_sub(r(&c.pswpin));
+        let age = load::cold_age(r(&c.stored_pages), pages, loads, r(&c.written_back_pages));
         self.refault_window.store(pages, Ordering::Relaxed);
+        self.cold_age.store(age.ceil() as u64, Ordering::Relaxed);
     }
 
     /// Writes back (and, without writeback, drops clean copies) until the

@@ -63,9 +63,8 @@ impl Tier {
     }
 
     /// The refault window, in pages: how far back in the writeback stream
-    /// a load from the swap file is a `swap_refaults`, and how many of the
-    /// pool's oldest entries a load is a `cold_pool_loads` from. Unset: as
-    /// many as the pool holds.
+    /// a load from the swap file is a `swap_refaults`. Unset: as many as the
+    /// pool holds.
     fn refault_window(&self) -> u64 {
         use std::sync::atomic::Ordering::Relaxed;
         match self.refault_window.load(Relaxed) {
@@ -76,18 +75,15 @@ impl Tier {
 
     /// Counts a load of pool entry `e` that lay in the oldest window of the
     /// pool (`cold_pool_loads`), by its age in pages stored since (the
-    /// store clock, `crate::store::id_clock`; see [`cold_age`]). An entry
-    /// kept from a load and stored again unchanged takes a new id then, so
-    /// its age runs from that eviction.
+    /// store clock, `crate::store::id_clock`) against the window's start
+    /// ([`cold_age`], placed when the window is set). An entry kept from a
+    /// load and stored again unchanged takes a new id then, so its age runs
+    /// from that eviction.
     fn pool_loaded(&self, e: &Entry) {
         use std::sync::atomic::Ordering::Relaxed;
-        let c = &self.counters;
         let age = u64::from(crate::store::id_clock().wrapping_sub(e.id));
-        let (n, w) = (c.stored_pages.load(Relaxed), self.refault_window());
-        let (loads, written) =
-            (c.zswpin.load(Relaxed).saturating_sub(c.pswpin.load(Relaxed)), c.written_back_pages.load(Relaxed));
-        if age as f64 >= cold_age(n, w, loads, written) {
-            inc(&c.cold_pool_loads, 1);
+        if age >= self.cold_age.load(Relaxed) {
+            inc(&self.counters.cold_pool_loads, 1);
         }
     }
 
