@@ -189,6 +189,9 @@ impl Tier {
             Stored::Pool { len, .. } if len as usize == PAGE_SIZE => inc(&c.stored_incompressible_pages, 1),
             _ => {}
         }
+        if e.in_pool() {
+            self.ages.stored(e.id);
+        }
         let old = shard.insert(key, e, &pool);
         let dropped = old.and_then(|o| self.release(&mut shard, o));
         drop(shard);

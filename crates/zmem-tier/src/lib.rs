@@ -33,6 +33,7 @@
 //! A non-exclusive load leaves the entry where it is and sets `referenced`.
 #![forbid(unsafe_code)]
 
+mod ages;
 mod buffers;
 mod config;
 pub mod entry;
@@ -142,9 +143,13 @@ pub struct Tier {
     refault_window: AtomicU64,
     /// A load from the pool is a `cold_pool_loads` when its entry is at
     /// least this old (pages stored since): the oldest window's start,
-    /// placed by `load::cold_age` each time the window is set; 0 (no
-    /// window): every load.
+    /// placed by `ages` each time the window is set; 0 (no window): every
+    /// load.
     cold_age: AtomicU64,
+    /// The pool's entries by id, to place that window: those in the pool
+    /// and not kept copies of resident pages (`Entry::cached`), which go
+    /// first and free whenever the pool shrinks.
+    ages: ages::Ages,
     shrink_lock: Mutex<Vec<u8>>,
     /// The codec paths' buffers (not thread-locals: see `buffers`).
     buffers: buffers::Buffers,
@@ -215,6 +220,7 @@ impl Tier {
             accept_bytes: AtomicUsize::new(accept_bytes),
             refault_window: AtomicU64::new(0),
             cold_age: AtomicU64::new(0),
+            ages: ages::Ages::new(),
             shrink_lock: Mutex::new(Vec::new()),
             recompress_to: Mutex::new(None),
             recompress_cursor: AtomicUsize::new(0),
@@ -264,15 +270,12 @@ impl Tier {
     /// many entries larger would have kept. 0 (the default): as many as
     /// the pool holds, a pool twice as large. The same window of the
     /// pool's oldest entries makes a load from the pool a
-    /// `cold_pool_loads`; where that window starts is placed now, from
-    /// the pool's entries and how they have left (`load::cold_age`).
+    /// `cold_pool_loads`; where that window starts is placed now, by
+    /// the ids of the entries in the pool (`ages`).
     pub fn set_swap_refault_window(&self, pages: u64) {
-        let c = &self.counters;
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let loads = r(&c.zswpin).saturating_sub(r(&c.pswpin));
-        let age = load::cold_age(r(&c.stored_pages), pages, loads, r(&c.written_back_pages));
+        let age = self.ages.cold_age(store::id_clock(), pages);
         self.refault_window.store(pages, Ordering::Relaxed);
-        self.cold_age.store(age.ceil() as u64, Ordering::Relaxed);
+        self.cold_age.store(age, Ordering::Relaxed);
     }
 
     /// Writes back (and, without writeback, drops clean copies) until the
@@ -392,6 +395,9 @@ impl Tier {
             }
             Stored::Pool { len, .. } => {
                 dec(&c.stored_pages, 1);
+                if !e.cached {
+                    self.ages.removed(e.id);
+                }
                 if len as usize == PAGE_SIZE {
                     dec(&c.stored_incompressible_pages, 1);
                 }
@@ -474,6 +480,13 @@ impl Tier {
     #[doc(hidden)]
     pub fn inject_alloc_failures(&self, n: u32) {
         self.current().zs.inject_alloc_failures(n);
+    }
+
+    /// The entries placed by age (`ages`), for tests: each pool entry
+    /// that is not a kept copy, once.
+    #[doc(hidden)]
+    pub fn aged_entries(&self) -> i64 {
+        self.ages.entries()
     }
 
     /// The swap file, for tests that inject faults into it.

@@ -76,7 +76,7 @@ impl Tier {
     /// Counts a load of pool entry `e` that lay in the oldest window of the
     /// pool (`cold_pool_loads`), by its age in pages stored since (the
     /// store clock, `crate::store::id_clock`) against the window's start
-    /// ([`cold_age`], placed when the window is set). An entry kept from a
+    /// (placed by `crate::ages` when the window is set). An entry kept from a
     /// load and stored again unchanged takes a new id then, so its age runs
     /// from that eviction.
     fn pool_loaded(&self, e: &Entry) {
@@ -412,6 +412,11 @@ impl Tier {
             return false;
         }
         let fresh = !e.cached;
+        if fresh && e.in_pool() {
+            // A kept copy goes first and free when the pool shrinks: it is
+            // not placed among the entries by age (`Tier::ages`).
+            self.ages.removed(e.id);
+        }
         if let Some(mut m) = shard.get_mut(key) {
             m.cached = true;
             // A second trip round the LRU from now, as a store.
@@ -542,60 +547,5 @@ impl Tier {
     /// Whether `key` has an entry, and where.
     pub fn lookup(&self, key: u64) -> Option<Stored> {
         self.tree.lock(key).get(key).map(|e| e.stored)
-    }
-}
-
-/// The age (pages stored since) from which an entry lies among the `w`
-/// oldest of a pool of `n`, where entries leave by loads (`loads` so far,
-/// from anywhere in the pool) and by writeback (`written`, from the old
-/// end). An entry's place from the young end is the entries stored after
-/// it that are still there. With writeback alone that is its age, and the
-/// old end starts at `n − w`. Loads take entries at random: of those stored
-/// `s` pages after it, a share `e^(−c·s/n)` is left, at the loads' share `c`
-/// of what leaves; its place is then `n/c · (1 − e^(−c·age/n))`, and it is
-/// among the oldest `w` from `−n/c · ln(1 − c·(n − w)/n)`. Taken as its age
-/// alone, a program that reads its pool back at 80k pages a second
-/// (`scripts/node-random.js` under 200M) had every entry older than 0.6 s
-/// counted in the oldest tenth; it called 5.7k loads a second cold, and the
-/// pool's share never left 50% (43 s against 13 s).
-pub(crate) fn cold_age(n: u64, w: u64, loads: u64, written: u64) -> f64 {
-    if w == 0 || w >= n {
-        return 0.0;
-    }
-    let (n, w) = (n as f64, w as f64);
-    let c = if loads + written == 0 { 0.0 } else { loads as f64 / (loads + written) as f64 };
-    let warm = n - w;
-    if c < 1e-6 {
-        return warm;
-    }
-    let left = 1.0 - c * warm / n;
-    -n / c * left.ln()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cold_age;
-
-    #[test]
-    fn with_writeback_alone_the_oldest_window_starts_at_its_place() {
-        assert_eq!(cold_age(1000, 100, 0, 5000), 900.0);
-        assert_eq!(cold_age(1000, 100, 0, 0), 900.0);
-    }
-
-    #[test]
-    fn loads_from_anywhere_push_the_oldest_window_further_back_in_age() {
-        // All loads: a tenth of 1000 from n·ln(n/w), 2303 pages stored.
-        let all = cold_age(1000, 100, 5000, 0);
-        assert!((all - 2302.6).abs() < 0.1, "{all}");
-        // Half and half: between the two.
-        let half = cold_age(1000, 100, 5000, 5000);
-        assert!(half > 900.0 && half < all, "{half}");
-    }
-
-    #[test]
-    fn a_window_as_large_as_the_pool_holds_every_entry() {
-        assert_eq!(cold_age(1000, 1000, 5, 5), 0.0);
-        assert_eq!(cold_age(1000, 5000, 5, 5), 0.0);
-        assert_eq!(cold_age(0, 0, 0, 0), 0.0);
     }
 }

@@ -299,6 +299,7 @@ impl Tier {
                     inc(&c.same_filled_pages, 1);
                 }
                 Stored::Pool { len, .. } => {
+                    self.ages.stored(e.id);
                     if len as usize == PAGE_SIZE {
                         raw += 1;
                         inc(&c.stored_incompressible_pages, 1);
@@ -470,6 +471,10 @@ impl Tier {
         // load or recompression that took the old id finds it changed and
         // lets the entry be (they re-check the id under the lock).
         e.id = next_ids(1);
+        if e.in_pool() {
+            // No longer a kept copy: placed again, at its new id.
+            self.ages.stored(e.id);
+        }
         dec(&self.counters.cached_pages, 1);
         true
     }

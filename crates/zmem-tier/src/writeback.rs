@@ -131,9 +131,11 @@ impl Tier {
         let mut written = 0;
         for (((key, id, handle), (slot, off)), &(_, len)) in victims.into_iter().zip(slots).zip(&objs) {
             let mut shard = self.tree.lock(key);
-            let mut raw = false;
+            let (mut raw, mut cached) = (false, false);
             let to = Stored::Swap { slot, off, len: len as u16 };
             let r = shard.writeback_commit(key, id, handle, to, |p, e| {
+                // Kept by a load since it was picked, it left `ages` then.
+                cached = e.cached;
                 if let Stored::Pool { handle, len } = e.stored {
                     raw = len as usize == PAGE_SIZE;
                     let r = p.zs.free(handle);
@@ -143,6 +145,9 @@ impl Tier {
             if r.is_ok() {
                 // Under the shard lock, as invalidate's: never below zero.
                 dec(&self.counters.stored_pages, 1);
+                if !cached {
+                    self.ages.removed(id);
+                }
                 inc(&self.counters.swap_pages, 1);
                 if raw {
                     dec(&self.counters.stored_incompressible_pages, 1);

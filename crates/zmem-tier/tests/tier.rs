@@ -499,6 +499,9 @@ fn eight_threads_store_load_and_invalidate_with_writeback_switches_and_recompres
     let s = t.stats();
     assert_eq!((s.stored_pages, s.swap_pages, s.decompress_fail), (0, 0, 0), "{s:?}");
     assert!(s.written_back_pages > 0 && s.recompressed_pages > 0, "{s:?}");
+    // Every entry placed by age left as it went, writeback and
+    // recompression racing the loads.
+    assert_eq!(t.aged_entries(), 0);
 }
 
 /// Real pages stored with lz4 and recompressed with zstd: the pool shrinks,
@@ -820,6 +823,9 @@ proptest! {
             for (&k, _) in model.iter().filter(|(_, (_, kept))| !*kept) {
                 prop_assert!(t.lookup(k).is_some(), "key {} lost", k);
             }
+            // The pool's entries by age: those in the pool, not kept.
+            let in_pool = model.iter().filter(|&(&k, &(_, kept))| !kept && matches!(t.lookup(k), Some(Stored::Pool { .. }))).count();
+            prop_assert_eq!(t.aged_entries(), in_pool as i64);
         }
         for (k, (want, _)) in model {
             prop_assert!(load(&t, k).as_ref() == Some(&want), "key {}", k);
@@ -828,6 +834,7 @@ proptest! {
         let s = t.stats();
         prop_assert_eq!((s.stored_pages, s.swap_pages, s.cached_pages, s.pool_total_size), (0, 0, 0, 0), "{:?}", s);
         prop_assert_eq!(s.decompress_fail, 0);
+        prop_assert_eq!(t.aged_entries(), 0);
     }
 }
 
