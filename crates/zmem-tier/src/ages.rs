@@ -109,16 +109,9 @@ impl Ages {
     /// at a time, as stores and loads go on beside; what comes of that is
     /// a place off by the entries that moved meanwhile.
     pub(crate) fn cold_age(&self, clock: u32, w: u64) -> u64 {
-        let counts: Vec<(u32, i64)> = self
-            .slots
-            .iter()
-            .map(|s| {
-                let (b, c) = unpack(s.load(Relaxed));
-                (b, i64::from(c))
-            })
-            .collect();
-        // As `entries`, from the same reads.
-        let n = self.older.load(Relaxed) + counts.iter().map(|&(_, c)| c).sum::<i64>();
+        // Two passes over the slots, allocating nothing (the reclaim
+        // thread calls this every 50 ms): the total, then the walk.
+        let n = self.entries();
         if w == 0 || w as i64 >= n {
             return 0;
         }
@@ -127,7 +120,8 @@ impl Ages {
         let mut seen = 0;
         for k in 0..SLOTS as u32 {
             let b = now.wrapping_sub(k) % NUMBERS;
-            let (held, count) = counts[b as usize % SLOTS];
+            let (held, count) = unpack(self.slots[b as usize % SLOTS].load(Relaxed));
+            let count = i64::from(count);
             if held != b || count <= 0 {
                 continue;
             }
