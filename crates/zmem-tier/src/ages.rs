@@ -158,39 +158,40 @@ mod tests {
         u64::from(clock - start)
     }
 
+    /// Ages holding the entries `ids`, stored in that order.
+    fn holding(ids: impl IntoIterator<Item = u32>) -> Ages {
+        let a = Ages::new();
+        ids.into_iter().for_each(|id| a.stored(id));
+        a
+    }
+
+    /// `age` is `want` to within a bucket.
+    fn near(age: u64, want: u64) {
+        assert!(age.abs_diff(want) <= u64::from(BUCKET), "{age} against {want}");
+    }
+
     #[test]
     fn writeback_alone_places_the_window_at_its_age() {
-        let a = Ages::new();
-        for id in 1..=10_000 {
-            a.stored(id);
-        }
+        let a = holding(1..=10_000);
         // The 1000 oldest of 10000 start 9000 ids back.
-        let age = a.cold_age(10_001, 1000);
-        assert!(age.abs_diff(9000) <= u64::from(BUCKET), "{age}");
+        near(a.cold_age(10_001, 1000), 9000);
     }
 
     #[test]
     fn loads_from_anywhere_push_the_window_back_in_age() {
-        let a = Ages::new();
-        for id in 1..=20_000 {
-            a.stored(id);
-        }
+        let a = holding(1..=20_000);
         // Loads took every other young entry: the 5000 youngest left reach
         // twice as far back.
         for id in (10_001..=20_000).step_by(2) {
             a.removed(id);
         }
-        let age = a.cold_age(20_001, 10_000);
-        assert!(age.abs_diff(10_000) <= u64::from(BUCKET), "{age}");
+        near(a.cold_age(20_001, 10_000), 10_000);
     }
 
     #[test]
     fn no_window_or_a_window_as_large_as_the_pool_holds_every_entry() {
-        let a = Ages::new();
-        assert_eq!(a.cold_age(1, 0), 0);
-        for id in 1..=100 {
-            a.stored(id);
-        }
+        assert_eq!(Ages::new().cold_age(1, 0), 0);
+        let a = holding(1..=100);
         assert_eq!(a.cold_age(101, 0), 0);
         assert_eq!(a.cold_age(101, 100), 0);
         assert_eq!(a.cold_age(101, 5000), 0);
@@ -198,36 +199,23 @@ mod tests {
 
     #[test]
     fn entries_older_than_the_ring_are_counted_not_placed() {
-        let a = Ages::new();
         let span = SLOTS as u32 * BUCKET;
-        for id in 1..=1000 {
-            a.stored(id);
-        }
         // The ring comes round: 1000 more, a whole ring later.
-        for id in span + 1..=span + 1000 {
-            a.stored(id);
-        }
+        let a = holding((1..=1000).chain(span + 1..=span + 1000));
         // The old 1000 are the cold half.
-        let age = a.cold_age(span + 1001, 1000);
-        assert!(age.abs_diff(1000) <= u64::from(BUCKET), "{age}");
+        near(a.cold_age(span + 1001, 1000), 1000);
         // Their leaving is counted, though their bucket is gone.
         for id in 1..=1000 {
             a.removed(id);
         }
-        let age = a.cold_age(span + 1001, 500);
-        assert!(age.abs_diff(500) <= u64::from(BUCKET), "{age}");
+        near(a.cold_age(span + 1001, 500), 500);
     }
 
     #[test]
     fn ids_that_wrap_keep_their_order() {
-        let a = Ages::new();
         let first = u32::MAX - 5000;
-        for i in 0..10_000u32 {
-            a.stored(first.wrapping_add(i));
-        }
-        let clock = first.wrapping_add(10_000);
-        let age = a.cold_age(clock, 2000);
-        assert!(age.abs_diff(8000) <= u64::from(BUCKET), "{age}");
+        let a = holding((0..10_000u32).map(|i| first.wrapping_add(i)));
+        near(a.cold_age(first.wrapping_add(10_000), 2000), 8000);
     }
 
     proptest! {
