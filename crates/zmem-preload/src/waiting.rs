@@ -232,7 +232,9 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     let looks = LOOKS.load(Ordering::Acquire);
     crate::stats::wake_thread();
     let until = Instant::now() + START_WAIT;
-    while LOOKS.load(Ordering::Acquire) == looks && Instant::now() < until {
+    // A look, or a start under way (which a look does not follow where a
+    // look started it before this thread woke the stats thread).
+    while LOOKS.load(Ordering::Acquire) == looks && crate::state::current().is_none() && Instant::now() < until {
         std::thread::sleep(Duration::from_micros(50));
     }
     crate::state::current().is_some()
@@ -308,11 +310,12 @@ fn look() -> Option<Duration> {
 /// Starts the pager of the waiting process `guard` holds, under the lock:
 /// a fork waits for the start, and no other look starts a second one.
 fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
-    let Some(w) = take(guard) else { return };
+    let Some(w) = take_to_start(guard) else { return };
     log::debug!("usage reached {}% of the limit: the pager starts", w.settings.start_percent);
     // The slot goes back first: the pager joins the tree itself.
     drop(w.member);
     crate::init::start_late(w.settings);
+    ROOM.store(usize::MAX, Ordering::Relaxed);
 }
 
 /// Starts the pager now, from the calling thread, if the process waits
@@ -335,6 +338,21 @@ pub(crate) fn is_waiting() -> bool {
 fn take(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
     WAITING_PID.store(0, Ordering::Release);
     ROOM.store(usize::MAX, Ordering::Relaxed);
+    guard.take()
+}
+
+/// Takes the state out of `guard` for a start ([`start_locked`], which
+/// sets the room to `usize::MAX` once the pager runs). Until then the room
+/// is 0: a mapping made meanwhile, by another of the program's threads,
+/// waits for the start and is adopted before it is filled
+/// ([`saw_mapping`]). With the room at `usize::MAX` from here, as for a
+/// process that does not wait, one of stress-ng's workers mapped its 48
+/// MiB while its stats thread started the pager (the sibling's mapping had
+/// brought the tree to the point), filled it unmanaged, and the tree held
+/// 95 MiB under a 64M limit until the pager's first scan adopted it.
+fn take_to_start(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
+    WAITING_PID.store(0, Ordering::Release);
+    ROOM.store(0, Ordering::Relaxed);
     guard.take()
 }
 
