@@ -202,10 +202,16 @@ const START_WAIT: Duration = Duration::from_millis(20);
 /// point reached starts the pager on this thread, as a large malloc did
 /// when the shim started at the first one.
 pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
-    let room = ROOM.load(Ordering::Relaxed);
     // Not zmem's own mappings (the stats thread's, as it starts the pager).
-    if room == usize::MAX || crate::guard::in_zmem() {
+    if crate::guard::in_zmem() {
         return false;
+    }
+    let room = ROOM.load(Ordering::Relaxed);
+    if room == usize::MAX {
+        // Not waiting: no pager, or one that started after the caller
+        // looked and before the start point was set back (`start_locked`),
+        // which the caller adopts the mapping into.
+        return crate::state::current().is_some();
     }
     let seen = SEEN.fetch_add(len, Ordering::Relaxed) + len;
     // In the tree at once, before the program fills it: four processes
