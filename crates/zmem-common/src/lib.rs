@@ -32,10 +32,19 @@ pub mod defaults {
     /// 300k keys under 48M 144 s against 195 s, Python the same.
     pub const RUN_MAX_POOL_PERCENT: u32 = 50;
     /// Bounds for `PagerConfig::pool_balance`, the share that moves with
-    /// what misses cost, from `RUN_MAX_POOL_PERCENT`. On under `zmem run`
-    /// with a swap file, unless `ZMEM_MAX_POOL_PERCENT` fixes the share
-    /// (ARCHITECTURE.md, "The pool's share of the limit").
-    pub const POOL_BALANCE_PERCENT: (u32, u32) = (10, 80);
+    /// what misses cost, from `POOL_BALANCE_START_PERCENT`. On under `zmem
+    /// run` with a swap file, unless `ZMEM_MAX_POOL_PERCENT` fixes the
+    /// share (ARCHITECTURE.md, "The pool's share of the limit"). The floor
+    /// was 10%: `scripts/node-random.js` under 200M sat there with 44k
+    /// refaults a second against 35 swap faults, and took 3.99 s with the
+    /// share fixed at 5% against 7.9-8.9 s at 10%.
+    pub const POOL_BALANCE_PERCENT: (u32, u32) = (5, 80);
+    /// Where the balanced share starts. It grows on evidence every 50 ms
+    /// and shrinks at most once a second, by half at most, so it starts
+    /// low, on the side it leaves fastest. From 50%, node-random under
+    /// 200M spent its first 5-8 s stepping down, and took 12.4/16.1 s
+    /// against 5.2/5.9 s from 10% (docs/benchmarks.md, 2026-12-06).
+    pub const POOL_BALANCE_START_PERCENT: u32 = 10;
     /// After the pool limit is hit, stores resume below this percent of it.
     pub const ACCEPT_THRESHOLD_PERCENT: u32 = 90;
     /// The eviction unit.

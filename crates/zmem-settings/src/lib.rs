@@ -363,10 +363,14 @@ impl Settings {
         cfg.folio_size = self.folio;
         cfg.fault_around = self.fault_around;
         cfg.read_ahead = self.read_ahead;
+        // A smaller pool is worth something only where what it cannot hold
+        // goes to the swap file.
+        let balance = self.pool_balance && self.swapfile_dir.is_some();
         let mut tier = TierConfig {
             compressor: self.compressor,
             memory_budget: self.limit,
-            max_pool_percent: self.max_pool_percent,
+            // The balanced share's start, or the share named.
+            max_pool_percent: if balance { defaults::POOL_BALANCE_START_PERCENT } else { self.max_pool_percent },
             ..TierConfig::without_writeback()
         };
         if let Some(d) = &self.swapfile_dir {
@@ -374,9 +378,7 @@ impl Settings {
         }
         cfg.tier = tier;
         cfg.recompress = self.recompress;
-        // A smaller pool is worth something only where what it cannot hold
-        // goes to the swap file.
-        cfg.pool_balance = (self.pool_balance && self.swapfile_dir.is_some()).then_some(defaults::POOL_BALANCE_PERCENT);
+        cfg.pool_balance = balance.then_some(defaults::POOL_BALANCE_PERCENT);
         // Without a swap file nothing is loaded from the disk.
         cfg.strong_codec = self.strong_compressor.filter(|_| self.swapfile_dir.is_some());
         cfg.adopt = self.adopt.then_some(AdoptConfig {
@@ -485,11 +487,12 @@ mod tests {
     #[test]
     fn the_pools_share_moves_unless_a_share_is_named_or_there_is_no_swap_file() {
         let on = Some(defaults::POOL_BALANCE_PERCENT);
-        assert_eq!(Settings::from_vars::<&str, &str>([]).unwrap().pager_config().pool_balance, on);
+        let cfg = Settings::from_vars::<&str, &str>([]).unwrap().pager_config();
+        assert_eq!((cfg.pool_balance, cfg.tier.max_pool_percent), (on, defaults::POOL_BALANCE_START_PERCENT));
         let s = Settings::from_vars([("ZMEM_MAX_POOL_PERCENT", "30")]).unwrap();
         assert_eq!((s.pager_config().pool_balance, s.pager_config().tier.max_pool_percent), (None, 30));
         let s = Settings::from_vars([("ZMEM_WRITEBACK", "0")]).unwrap();
-        assert_eq!(s.pager_config().pool_balance, None);
+        assert_eq!((s.pager_config().pool_balance, s.pager_config().tier.max_pool_percent), (None, 50));
     }
 
     /// Issue 11, finding 2: `std::env::vars()` panicked on a non-UTF-8
