@@ -46,8 +46,8 @@ pub struct Args {
     /// pool, slower loads of what moved [default: off].
     #[arg(long)]
     recompress: Option<String>,
-    /// The pool's share of the limit, percent, fixed [default: from 50%,
-    /// moved between 10% and 80% by what misses cost, with a swap file].
+    /// The pool's share of the limit, percent, fixed [default: from 10%,
+    /// moved between 5% and 80% by what misses cost, with a swap file].
     #[arg(long)]
     max_pool_percent: Option<String>,
     /// A process starts its pager once the tree's memory reaches this

@@ -7,7 +7,7 @@
 //! | `ZMEM_LIMIT` | `1G` | resident memory plus pool plus metadata of managed regions |
 //! | `ZMEM_COMPRESSOR` | `lz4` | `lz4`, `zstd[:LEVEL]`, `deflate[:LEVEL]`, `lzo`, `lzo-rle`; unset: lz4, and zstd:1 for new stores while the swap file serves a tenth of the loads or more |
 //! | `ZMEM_RECOMPRESS` | unset | a stronger codec (`zstd`, say): idle pool entries are recompressed with it in the background, as zram's `recompress` |
-//! | `ZMEM_MAX_POOL_PERCENT` | unset | the pool's share of the limit, fixed (1..=100); unset: it starts at 50% and moves between 10% and 80% with what misses cost (with a swap file; without one it stays at 50%) |
+//! | `ZMEM_MAX_POOL_PERCENT` | unset | the pool's share of the limit, fixed (1..=100); unset: it starts at 10% and moves between 5% and 80% with what misses cost (with a swap file; without one it stays at 50%) |
 //! | `ZMEM_SWAPFILE_DIR` | `/var/tmp` | write back to a swap file in this directory (not tmpfs) |
 //! | `ZMEM_WRITEBACK` | `1` | `0`: no swap file; when the pool is full the limit turns soft |
 //! | `ZMEM_NO_ENCRYPT` | `0` | `1`: do not encrypt the swap file |
