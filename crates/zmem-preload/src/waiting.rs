@@ -149,7 +149,7 @@ fn begin_with(settings: Settings, parent: Option<u32>) -> Result<(), Box<Setting
     }
     if let Err(e) = crate::stats::start_thread(dir, interval) {
         log::debug!("no stats thread ({e}); the pager starts now");
-        let w = take(&mut WAITING.lock_ok()).expect("set above");
+        let w = take(&mut WAITING.lock_ok(), NOT_WAITING).expect("set above");
         return Err(Box::new(w.settings));
     }
     Ok(())
@@ -172,12 +172,22 @@ fn anon_bytes() -> Option<usize> {
     Some(resident.saturating_sub(shared) * zmem_common::PAGE_SIZE)
 }
 
-/// Bytes left to the start point at the last look (`usize::MAX`: the
-/// process does not wait), and bytes of large mappings the program made
-/// since: the program's threads wake the stats thread for a look at once
-/// when what they mapped since the last look reaches what was left
+/// Bytes left to the start point at the last look ([`NOT_WAITING`],
+/// [`STARTING`]), and bytes of large mappings the program made since: the
+/// program's threads wake the stats thread for a look at once when what
+/// they mapped since the last look reaches what was left
 /// ([`saw_mapping`]), rather than fill it all before the next look.
-static ROOM: AtomicUsize = AtomicUsize::new(usize::MAX);
+static ROOM: AtomicUsize = AtomicUsize::new(NOT_WAITING);
+/// The room of a process that does not wait.
+const NOT_WAITING: usize = usize::MAX;
+/// The room while the pager starts ([`start_locked`]): a mapping made
+/// meanwhile, by another of the program's threads, waits for the start and
+/// is adopted before it is filled ([`saw_mapping`]). With the room at
+/// [`NOT_WAITING`] from the start on, one of stress-ng's workers mapped its
+/// 48 MiB while its stats thread started the pager (the sibling's mapping
+/// had brought the tree to the point), filled it unmanaged, and the tree
+/// held 95 MiB under a 64M limit until the pager's first scan adopted it.
+const STARTING: usize = 0;
 static SEEN: AtomicUsize = AtomicUsize::new(0);
 /// Looks so far: a thread that woke the stats thread waits for the next.
 static LOOKS: AtomicUsize = AtomicUsize::new(0);
@@ -207,7 +217,7 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
         return false;
     }
     let room = ROOM.load(Ordering::Relaxed);
-    if room == usize::MAX {
+    if room == NOT_WAITING {
         // Not waiting: no pager, or one that started after the caller
         // looked and before the start point was set back (`start_locked`),
         // which the caller adopts the mapping into.
@@ -316,12 +326,12 @@ fn look() -> Option<Duration> {
 /// Starts the pager of the waiting process `guard` holds, under the lock:
 /// a fork waits for the start, and no other look starts a second one.
 fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
-    let Some(w) = take_to_start(guard) else { return };
+    let Some(w) = take(guard, STARTING) else { return };
     log::debug!("usage reached {}% of the limit: the pager starts", w.settings.start_percent);
     // The slot goes back first: the pager joins the tree itself.
     drop(w.member);
     crate::init::start_late(w.settings);
-    ROOM.store(usize::MAX, Ordering::Relaxed);
+    ROOM.store(NOT_WAITING, Ordering::Relaxed);
 }
 
 /// Starts the pager now, from the calling thread, if the process waits
@@ -340,25 +350,12 @@ pub(crate) fn is_waiting() -> bool {
     WAITING_PID.load(Ordering::Acquire) == std::process::id()
 }
 
-/// Takes the state out of `guard`: the process no longer waits.
-fn take(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
+/// Takes the state out of `guard`: the process no longer waits, and its
+/// room is `room` ([`NOT_WAITING`], or [`STARTING`] for a start, which
+/// sets it to [`NOT_WAITING`] once the pager runs).
+fn take(guard: &mut MutexGuard<'_, Option<Waiting>>, room: usize) -> Option<Waiting> {
     WAITING_PID.store(0, Ordering::Release);
-    ROOM.store(usize::MAX, Ordering::Relaxed);
-    guard.take()
-}
-
-/// Takes the state out of `guard` for a start ([`start_locked`], which
-/// sets the room to `usize::MAX` once the pager runs). Until then the room
-/// is 0: a mapping made meanwhile, by another of the program's threads,
-/// waits for the start and is adopted before it is filled
-/// ([`saw_mapping`]). With the room at `usize::MAX` from here, as for a
-/// process that does not wait, one of stress-ng's workers mapped its 48
-/// MiB while its stats thread started the pager (the sibling's mapping had
-/// brought the tree to the point), filled it unmanaged, and the tree held
-/// 95 MiB under a 64M limit until the pager's first scan adopted it.
-fn take_to_start(guard: &mut MutexGuard<'_, Option<Waiting>>) -> Option<Waiting> {
-    WAITING_PID.store(0, Ordering::Release);
-    ROOM.store(0, Ordering::Relaxed);
+    ROOM.store(room, Ordering::Relaxed);
     guard.take()
 }
 
@@ -421,7 +418,7 @@ pub(crate) fn resume() {
     };
     if let Err(e) = crate::stats::start_thread(dir, interval) {
         log::warn!("no stats thread ({e}); this process runs unmanaged");
-        take(&mut WAITING.lock_ok());
+        take(&mut WAITING.lock_ok(), NOT_WAITING);
     }
 }
 
@@ -433,7 +430,7 @@ pub(crate) fn end() -> Option<Settings> {
         return None;
     }
     crate::stats::stop_thread();
-    take(&mut WAITING.lock_ok()).map(|w| w.settings)
+    take(&mut WAITING.lock_ok(), NOT_WAITING).map(|w| w.settings)
 }
 
 /// Fork's prepare step: held until the parent or child step, so that the
@@ -447,7 +444,7 @@ pub(crate) fn fork_lock() -> MutexGuard<'static, Option<Waiting>> {
 /// thread of its own. The parent's slot stays the parent's (`Member`'s
 /// drop looks at the pid).
 pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>>) {
-    let Some(w) = take(&mut guard) else { return };
+    let Some(w) = take(&mut guard, NOT_WAITING) else { return };
     drop(guard);
     drop(w.member);
     // SAFETY: getppid has no preconditions.
@@ -467,7 +464,7 @@ pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>
 /// leaked, as the process ends.
 pub(crate) fn leave_at_exit() {
     if let Ok(mut g) = WAITING.try_lock() {
-        if let Some(w) = is_waiting().then(|| take(&mut g)).flatten() {
+        if let Some(w) = is_waiting().then(|| take(&mut g, NOT_WAITING)).flatten() {
             let w = std::mem::ManuallyDrop::new(w);
             if let Some(m) = &w.member {
                 m.give_back();
