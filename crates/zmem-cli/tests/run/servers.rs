@@ -333,8 +333,12 @@ fn mariadb_innodb_reads_and_writes_its_pool_by_o_direct_and_keeps_every_row() {
     assert!(st.success(), "zmem run: {st:?}; {}", db.log());
     // The table is larger than the pool: InnoDB read pages back from disk.
     assert!(reads > 1000, "InnoDB read {reads} pages from disk");
+    // zmem cycled the buffer pool through eviction: at least twice its
+    // 32 MiB left as folios (runs here evict 9-12 times it; one under a
+    // busy CI machine, 8.8 times).
     let evicted = pager_max(&dir.join("stats"), "evicted_folios");
-    assert!(evicted > 5000, "mariadbd was not evicted ({evicted} folios)");
+    let pool_folios = (32 << 20) / zmem_common::defaults::FOLIO_SIZE as u64;
+    assert!(evicted > 2 * pool_folios, "mariadbd's pool was not evicted ({evicted} folios)");
     let cow = pager_max(&dir.join("stats"), "cow_breaks");
     eprintln!("InnoDB read {reads} pages; zmem evicted {evicted} folios, broke {cow} pinned pages' COW");
 
