@@ -76,11 +76,20 @@ pub(super) struct RegionState {
     /// (`Lru::isolate`): reads of a resident page are invisible here, so a
     /// folio that came back soon after its eviction earns a few.
     pub(super) protect: Box<[AtomicU8]>,
+    /// Loads of the folio still to be made whole, not partial
+    /// (`DENSE_LOADS`): its last partial load was soon followed by faults
+    /// on every page it left in the tier, so the program reads it all while
+    /// it is resident. A hint, learned again at each partial load.
+    pub(super) dense: Box<[AtomicU8]>,
+    /// `ReclaimLists::evict_clock` at the folio's last partial load: how
+    /// soon the program came back for the rest of it (`dense`).
+    pub(super) loaded_at: Box<[AtomicU32]>,
 }
 
 /// Bytes of folio table per folio: state, referenced, queued, cached,
-/// poisoned, protect (one each), evicted_at (4) and swapped (8).
-pub(super) const FOLIO_TABLE_BYTES: usize = 18;
+/// poisoned, protect, dense (one each), evicted_at and loaded_at (4 each)
+/// and swapped (8).
+pub(super) const FOLIO_TABLE_BYTES: usize = 23;
 
 impl RegionState {
     /// The tier key of page `page` of this region.
@@ -416,6 +425,8 @@ impl Inner {
             swapped: (0..nf).map(|_| AtomicU64::new(0)).collect(),
             evicted_at: (0..nf).map(|_| AtomicU32::new(0)).collect(),
             protect: (0..nf).map(|_| AtomicU8::new(0)).collect(),
+            dense: (0..nf).map(|_| AtomicU8::new(0)).collect(),
+            loaded_at: (0..nf).map(|_| AtomicU32::new(0)).collect(),
         })
     }
 }

@@ -203,6 +203,10 @@ pub struct PagerStats {
     /// faulting one (`PagerConfig::fault_around`): a fault that continued
     /// no read-ahead stream.
     pub partial_load_faults: u64,
+    /// Faults on an evicted folio that loaded it whole, not partly,
+    /// because its last partial load was followed by faults on all the
+    /// rest of it (`RegionState::dense`).
+    pub dense_load_faults: u64,
     /// Faults on a page a partial load left in the tier.
     pub swapped_page_faults: u64,
     /// Faults that loaded pages from the tier and read none from the swap
@@ -311,6 +315,7 @@ pub(super) struct Counters {
     pub(super) reclaim_passes: AtomicU64,
     pub(super) staging_frees: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
+    pub(super) dense_load_faults: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
     pub(super) pool_load_faults: AtomicU64,
     pub(super) pool_load_fault_ns: AtomicU64,
@@ -417,6 +422,7 @@ impl Pager {
             resident_bytes: self.inner.resident_bytes() as u64,
             swapped_bytes: (self.inner.folios.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
+            dense_load_faults: r(&c.dense_load_faults),
             swapped_page_faults: r(&c.swapped_page_faults),
             pool_load_faults: r(&c.pool_load_faults),
             pool_load_fault_ns: r(&c.pool_load_fault_ns),

@@ -277,6 +277,85 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
     assert_eq!((s.swapped_bytes, s.resident_bytes), (0, 0), "{s:?}");
 }
 
+/// A folio whose partial load the program follows at once with faults on
+/// all the rest of it is read all over while resident: its next loads take
+/// it whole (`dense_load_faults`), one fault for sixteen, and after
+/// `DENSE_LOADS` (3) of them a partial load tests it again. Every byte
+/// reads back as written.
+#[test]
+fn a_folio_read_all_over_after_its_partial_load_comes_back_whole() {
+    let _wd = watchdog("dense", 120);
+    let limit = 8 << 20;
+    let p = Pager::new(PagerConfig { fault_around: 4 << 10, ..PagerConfig::with_limit(limit) }).unwrap();
+    let r = p.map(32 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    let ppf = (64 << 10) / PAGE_SIZE;
+    let mut v = vec![1u32; pages];
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    // An evicted folio in the first quarter; the writes below that evict
+    // it again stream through the second half, away from it.
+    let f = (0..pages / ppf / 4)
+        .find(|&f| !r.is_resident(f * ppf * PAGE_SIZE))
+        .unwrap_or_else(|| panic!("no folio was evicted: {:?}", p.stats()));
+    // Writes over the second half until reclaim has taken `f` again (it
+    // is only read, so write tracking sees it cold), and has stored it: a
+    // fault on it while it waits in staging takes it back from there.
+    let evict_f = |v: &mut Vec<u32>| {
+        for _ in 0..16 {
+            if !r.is_resident(f * ppf * PAGE_SIZE) {
+                p.reclaim_now();
+                return;
+            }
+            for (pg, ver) in v.iter_mut().enumerate().skip(pages / 2) {
+                *ver += 1;
+                write_page(&r, pg, *ver);
+            }
+        }
+        panic!("folio {f} stayed resident: {:?}", p.stats());
+    };
+    let read_folio = |first: usize| {
+        for pg in (first..ppf).chain(0..first).map(|i| f * ppf + i) {
+            assert_eq!(check_page(&r, pg, 1), 0, "page {pg}");
+        }
+    };
+    // Evicts `f`, reads it all from page `first` on, and returns the
+    // stats before and after the fault that brought it back. A fault that
+    // took it back from staging (reclaim had not stored it yet) loads
+    // nothing: then again. The handler counts a load just after it wakes
+    // the faulting thread, so the stats are read once they show it.
+    let load_f = |v: &mut Vec<u32>, first: usize| loop {
+        evict_f(v);
+        let before = p.stats();
+        read_folio(first);
+        let done = |s: &zmem_uffd::PagerStats| s.partial_load_faults + s.dense_load_faults + s.rescued_folios;
+        let s = stats_when(&p, |s| done(s) > done(&before));
+        if s.rescued_folios == before.rescued_folios {
+            return (before, s);
+        }
+    };
+    // A partial load, and at once every other page of the folio.
+    let (before, s) = load_f(&mut v, 4);
+    assert_eq!(s.partial_load_faults - before.partial_load_faults, 1, "{s:?}");
+    assert!(s.swapped_page_faults > before.swapped_page_faults, "{s:?}");
+    assert_eq!(s.dense_load_faults, before.dense_load_faults, "{s:?}");
+    // Its next three loads are whole: one fault, none on its other pages.
+    for round in 0..3 {
+        let (before, s) = load_f(&mut v, 9);
+        assert_eq!(s.dense_load_faults - before.dense_load_faults, 1, "round {round}: {s:?}");
+        assert_eq!(s.partial_load_faults, before.partial_load_faults, "round {round}: {s:?}");
+        assert_eq!(s.swapped_page_faults, before.swapped_page_faults, "round {round}: {s:?}");
+    }
+    // Then a partial load again, which learns anew.
+    let (before, s) = load_f(&mut v, 2);
+    assert_eq!(s.partial_load_faults - before.partial_load_faults, 1, "{s:?}");
+    assert_eq!(s.dense_load_faults, before.dense_load_faults, "{s:?}");
+    let bad: usize = (0..pages).map(|pg| check_page(&r, pg, v[pg])).sum();
+    assert_eq!(bad, 0, "{:?}", p.stats());
+}
+
 /// A folio only read is invisible to write tracking, so reclaim takes it
 /// for cold; loaded back soon after its eviction (fewer folios evicted
 /// since than are resident), it counts as a workingset refault and is
