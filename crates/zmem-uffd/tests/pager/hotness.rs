@@ -154,6 +154,19 @@ fn a_folio_loaded_and_only_read_is_evicted_again_without_compressing() {
     assert_eq!((t.stored_pages, t.swap_pages, t.cached_pages), (0, 0, 0), "entries leaked: {t:?}");
 }
 
+/// Maps 32 MiB of 64 KiB folios under `p`, writes every page (version 1)
+/// and reclaims down to the low watermark: the region, its pages a folio,
+/// and each page's version.
+fn written_and_reclaimed(p: &Pager) -> (Region, usize, Vec<u32>) {
+    let r = p.map(32 << 20).unwrap();
+    let pages = r.len() / PAGE_SIZE;
+    for pg in 0..pages {
+        write_page(&r, pg, 1);
+    }
+    p.reclaim_now();
+    (r, (64 << 10) / PAGE_SIZE, vec![1u32; pages])
+}
+
 /// A fault that continues no sequential stream loads only its page
 /// (`PagerConfig::fault_around`); the rest of the folio stays in the tier
 /// and comes in when touched: a walk up the folio in a few more faults.
@@ -177,14 +190,8 @@ fn random_faults_load_their_page_and_leave_the_rest_of_the_folio_in_the_tier() {
         ..PagerConfig::with_limit(limit)
     };
     let p = Pager::new(cfg).unwrap();
-    let r = p.map(32 << 20).unwrap();
+    let (r, ppf, mut v) = written_and_reclaimed(&p);
     let pages = r.len() / PAGE_SIZE;
-    let ppf = (64 << 10) / PAGE_SIZE;
-    let mut v = vec![1u32; pages];
-    for pg in 0..pages {
-        write_page(&r, pg, 1);
-    }
-    p.reclaim_now();
     // One page of a folio, then on up it: each fault on the way loads twice
     // the run mapped below it (pages 5-6, 7-12, 13-15). An evicted folio,
     // from the middle of the region on: which ones reclaim took depends on
@@ -287,14 +294,8 @@ fn a_folio_read_all_over_after_its_partial_load_comes_back_whole() {
     let _wd = watchdog("dense", 120);
     let limit = 8 << 20;
     let p = Pager::new(PagerConfig { fault_around: 4 << 10, ..PagerConfig::with_limit(limit) }).unwrap();
-    let r = p.map(32 << 20).unwrap();
+    let (r, ppf, mut v) = written_and_reclaimed(&p);
     let pages = r.len() / PAGE_SIZE;
-    let ppf = (64 << 10) / PAGE_SIZE;
-    let mut v = vec![1u32; pages];
-    for pg in 0..pages {
-        write_page(&r, pg, 1);
-    }
-    p.reclaim_now();
     // An evicted folio in the first quarter; the writes below that evict
     // it again stream through the second half, away from it.
     let f = (0..pages / ppf / 4)
