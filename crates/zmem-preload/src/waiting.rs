@@ -216,6 +216,12 @@ pub(crate) fn saw_mapping(len: usize, inline: bool) -> bool {
     if crate::guard::in_zmem() {
         return false;
     }
+    // Another process's wait: this is a vfork child of the waiting
+    // process, or a raw `clone`'s child, whose `ROOM` is the parent's.
+    let waiter = WAITING_PID.load(Ordering::Acquire);
+    if waiter != 0 && waiter != std::process::id() {
+        return false;
+    }
     let room = ROOM.load(Ordering::Relaxed);
     if room == NOT_WAITING {
         // Not waiting: no pager, or one that started after the caller
@@ -275,6 +281,11 @@ pub(crate) fn tick() -> Option<Duration> {
 /// A look (see [`tick`]), by the stats thread or by a program thread
 /// (after a large malloc).
 fn look() -> Option<Duration> {
+    // Not in a raw `clone`'s child (see [`start_now`]), whose `ROOM` is
+    // its parent's: it takes no lock, and starts no pager.
+    if !is_waiting() {
+        return None;
+    }
     let mut guard = WAITING.lock_ok();
     let w = guard.as_mut()?;
     // What a forked child shares with its parent is the parent's while the
@@ -338,6 +349,13 @@ fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
 /// (`modes::leaving_root`: the paths a start needs still lead where they
 /// should).
 pub(crate) fn start_now() {
+    // Looked at before the lock, which a process that does not wait never
+    // takes: a child made by a raw `clone` (bubblewrap's, which then calls
+    // `pivot_root`) copied it as it was, held for good where the stats
+    // thread was looking.
+    if !is_waiting() {
+        return;
+    }
     let mut g = WAITING.lock_ok();
     if g.is_some() && is_waiting() {
         start_locked(&mut g);
