@@ -66,6 +66,39 @@ pub(crate) extern "C" fn after_fork_in_parent() {
 /// prepare step, become inherited entries of the table, adopted by the new
 /// pager.
 pub(crate) extern "C" fn after_fork_in_child() {
+    in_child(Made::Fork);
+}
+
+/// How a child was made: by glibc's `fork` (its atfork handlers), or by a
+/// `clone` or `fork` system call through glibc's `syscall` ([`raw_fork`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Made {
+    Fork,
+    Raw,
+}
+
+/// A `clone` without `CLONE_VM`, or a `fork`, made through glibc's
+/// `syscall` (`call`): bubblewrap and Chromium make their children so, and
+/// no atfork handler runs. The child of a managed process would have its
+/// parent's memory without the pages evicted at the moment of the clone:
+/// its registration is not inherited, and those pages read as zeros. So
+/// the same three steps run around it as around glibc's `fork`: the
+/// prepare step loads every evicted folio back. The child then runs
+/// unmanaged, as one forked after a change of root does: it may be in new
+/// namespaces (a pid namespace, where it is pid 1), which a pager of its
+/// own would not know, and it mostly execs at once (a shim starts anew).
+pub(crate) fn raw_fork(call: impl FnOnce() -> std::ffi::c_long) -> std::ffi::c_long {
+    if crate::guard::in_zmem() || !crate::state::is_shim_process() {
+        return call();
+    }
+    before_fork();
+    let r = call();
+    crate::errno::keeping_errno(|| if r == 0 { in_child(Made::Raw) } else { after_fork_in_parent() });
+    r
+}
+
+/// The child step of a fork made as `made` says.
+fn in_child(made: Made) {
     // A child inherits no memory locks (mlockall's MCL_FUTURE included).
     LOCKED_ALL.store(false, Ordering::Relaxed);
     // The parent's other threads' descriptor sections and closes are not
@@ -84,7 +117,7 @@ pub(crate) extern "C" fn after_fork_in_child() {
             if let Some(ForkGuards { waiting, table, owned }) = guards {
                 drop(owned);
                 drop(table);
-                crate::waiting::after_fork_in_child(waiting);
+                crate::waiting::after_fork_in_child(waiting, made == Made::Fork);
             }
             return;
         };
@@ -103,18 +136,23 @@ pub(crate) extern "C" fn after_fork_in_child() {
                 }
             }
         }
-        if crate::stats::root_left() {
+        let root_left = crate::stats::root_left();
+        if root_left || made == Made::Raw {
             // A pager here would need `/proc`, the swap directory and the
             // tree's segment by their paths, which lead into the new root
-            // now. A hand-over link (ZMEM_FORK_EVENT) closes with the rest:
-            // the parent then copies this child's memory in whole.
-            if parent.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
+            // now; a raw clone's child may be in namespaces of its own.
+            if root_left && parent.pager.tree().is_none_or(|t| t.first_warning(Warning::RootChanged)) {
                 log::warn!(
                     "process {} was forked after its parent changed its root (chroot): without /proc and the \
                      swap directory zmem cannot start a pager in it. It runs unmanaged (no limit), as will any \
                      other process of the tree for this reason",
                     std::process::id()
                 );
+            }
+            // With a hand-over (ZMEM_FORK_EVENT), the parent copies the
+            // pages this child lacks in whole.
+            if let Some(link) = parent.pager.fork_link_in_child() {
+                zmem_uffd::Pager::ask_for_whole_copy(link);
             }
             // SAFETY: as below.
             unsafe { parent.pager.abandon_in_child() };

@@ -106,8 +106,29 @@ pub unsafe extern "C" fn syscall(
         // makes its calls through `syscall`).
         libc::SYS_capset => crate::creds::capabilities_set(call),
         libc::SYS_unshare => crate::ns::unsharing(a1 as c_int, call),
+        libc::SYS_fork => crate::fork::raw_fork(call),
+        libc::SYS_clone if a1 & libc::CLONE_VM as c_long == 0 => crate::fork::raw_fork(call),
+        libc::SYS_clone3 if a2 >= 8 && clone3_flags(a1) & libc::CLONE_VM as u64 == 0 => crate::fork::raw_fork(call),
         libc::SYS_setns => crate::ns::entering_ns(a1 as c_int, a2 as c_int, call),
         _ => call(),
+    }
+}
+
+/// The flags of `clone3`'s `struct clone_args` at `args` (its first
+/// field), or `CLONE_VM` where they cannot be read: the call is then left
+/// to the kernel, which answers a bad pointer with EFAULT. Read with
+/// `process_vm_readv`, which fails where a plain read would fault.
+fn clone3_flags(args: c_long) -> u64 {
+    let mut flags = 0u64;
+    let local = libc::iovec { iov_base: (&raw mut flags).cast(), iov_len: 8 };
+    let remote = libc::iovec { iov_base: args as *mut std::ffi::c_void, iov_len: 8 };
+    // SAFETY: writes 8 bytes into `flags`, ours; reads this process's
+    // memory at `args`, or fails (EFAULT) where it is not mapped.
+    let n = unsafe { libc::process_vm_readv(std::process::id() as libc::pid_t, &local, 1, &remote, 1, 0) };
+    if n == 8 {
+        flags
+    } else {
+        libc::CLONE_VM as u64
     }
 }
 

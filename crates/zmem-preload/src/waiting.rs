@@ -460,11 +460,14 @@ pub(crate) fn fork_lock() -> MutexGuard<'static, Option<Waiting>> {
 /// In a forked child (its only thread), with the state the prepare step
 /// held: a child of a waiting process waits too, with a slot and a stats
 /// thread of its own. The parent's slot stays the parent's (`Member`'s
-/// drop looks at the pid).
-pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>>) {
+/// drop looks at the pid). Where not `wait`, the child runs unmanaged.
+pub(crate) fn after_fork_in_child(mut guard: MutexGuard<'static, Option<Waiting>>, wait: bool) {
     let Some(w) = take(&mut guard, NOT_WAITING) else { return };
     drop(guard);
     drop(w.member);
+    if !wait {
+        return;
+    }
     // SAFETY: getppid has no preconditions.
     if let Err(settings) = begin_with(w.settings, Some(unsafe { libc::getppid() } as u32)) {
         // A child that cannot wait starts now: it has a single thread,

@@ -535,20 +535,43 @@ fn a_program_started_under_a_filter_that_kills_userfaultfd_runs_unmanaged() {
     }
 }
 
-/// bubblewrap makes its sandbox's first process with a raw `clone`, which
-/// runs no fork handlers, and that child calls `pivot_root` through
-/// glibc's `syscall`. Where the parent waited to start its pager, the
-/// shim's `pivot_root` took the waiting state's lock, which the child had
-/// copied as the parent's stats thread held it during a look: the child
-/// waited for good, one sandbox in a few hundred (CI's bubblewrap test hung
-/// so). A process that does not wait now takes no lock of the wait's; a
-/// raw clone's child runs with its memory plain, as its parent's.
+/// bubblewrap makes its sandbox's first process with a raw `clone` through
+/// glibc's `syscall` (Chromium its zygote's children too), which runs no
+/// fork handlers. Two ways that went wrong:
+/// - That child calls `pivot_root` through `syscall`. Where the parent
+///   waited to start its pager, the shim's `pivot_root` took the waiting
+///   state's lock, which the child had copied held when the parent's stats
+///   thread was in a look: the child waited for good, one sandbox in a few
+///   hundred (CI's bubblewrap test hung so).
+/// - The child of a managed process had its parent's memory without the
+///   pages evicted at the clone: every one read as zeros.
+///
+/// The shim now makes the fork's three steps around such a call (the
+/// prepare step loads every evicted folio back; with `ZMEM_FORK_EVENT` the
+/// parent copies them into the child), and the child runs unmanaged.
 #[test]
-fn children_made_by_a_raw_clone_while_the_stats_thread_looks_change_their_root_and_end() {
+fn children_made_by_a_raw_clone_read_their_parents_memory_back_whole() {
     let exe = compile_c("rawclone");
-    let o = zmem(&["run", "--limit", "32M", "--", exe.to_str().unwrap(), "3000", "10"], &[], 120);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 3000"), "{}", text(&o));
+    let exe = exe.to_str().unwrap();
+    // Under half the limit the parent waits, with its stats thread
+    // looking every millisecond or two.
+    let o = zmem(&["run", "--limit", "32M", "--", exe, "3000", "10", "clone"], &[], 120);
+    assert!(o.status.success(), "waiting: {}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok 3000"), "waiting: {}", text(&o));
+    // Twice the limit: managed, with most of it evicted at each clone.
+    for (how, env) in [("clone", "0"), ("clone3", "0"), ("fork", "0"), ("clone", "1"), ("clone3", "1")] {
+        let stats = tmpdir(&format!("rawclone-{how}-{env}-stats"));
+        let o = zmem(
+            &["run", "--limit", "32M", "--", exe, "40", "64", how],
+            &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_FORK_EVENT", env)],
+            120,
+        );
+        assert!(o.status.success(), "{how}, ZMEM_FORK_EVENT={env}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("ok 40"), "{how}, ZMEM_FORK_EVENT={env}: {}", text(&o));
+        assert!(!String::from_utf8_lossy(&o.stderr).contains("zmem:"), "{how}, ZMEM_FORK_EVENT={env}: {}", text(&o));
+        let evicted = pager_max(&stats, "evicted_folios");
+        assert!(evicted > 500, "{how}, ZMEM_FORK_EVENT={env}: {evicted} folios evicted; {}", text(&o));
+    }
 }
 
 /// A filter the shim does not see (installed through the C library's own

@@ -38,9 +38,10 @@
 //! If the child never asks within [`HANDOVER_TIMEOUT`] (a raw `fork`
 //! syscall runs no atfork handler; a stopped child), the parent copies
 //! every page the child lacks into it and closes the child's userfaultfd:
-//! the child's memory is whole and unmanaged, as with a load-back. If the
-//! child closes its end first (it exec'd or died), the parent just closes
-//! the child's userfaultfd.
+//! the child's memory is whole and unmanaged, as with a load-back; a child
+//! that starts no pager of its own asks for that at once
+//! ([`Pager::ask_for_whole_copy`]). If the child closes its end first (it
+//! exec'd or died), the parent just closes the child's userfaultfd.
 
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::mem::MaybeUninit;
@@ -72,6 +73,8 @@ const EXPORT_BATCH: usize = 1024;
 pub(super) const MAGIC: u64 = 0x6b72_6f66_6d65_6d7a; // "zmemfork"
 pub(super) const VERSION: u32 = 1;
 const REQUEST: &[u8] = b"give";
+/// A child that runs unmanaged asks for its memory copied in whole.
+const COPY_REQUEST: &[u8] = b"copy";
 
 /// Where the last fork is (`ForkState::stage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +184,17 @@ impl Pager {
     /// if the parent's pager has no fork in flight.
     pub fn fork_link_in_child(&self) -> Option<OwnedFd> {
         Some(self.inner.fork.link_child.lock_ok().take()?.into_owned())
+    }
+
+    /// In a forked child that starts no pager of its own: asks the parent
+    /// over `link` to copy every page this process lacks into it and let
+    /// go of it (the child's faults wait meanwhile). Closing the link
+    /// alone tells the parent the child exec'd or exited: the pages it
+    /// lacks would then read as zeros.
+    pub fn ask_for_whole_copy(link: OwnedFd) {
+        if let Err(e) = rustix::net::send(&link, COPY_REQUEST, SendFlags::empty()) {
+            log::warn!("asking the parent for this process's memory failed ({e}); it copies it in after a timeout");
+        }
     }
 
     /// In a forked child: asks the parent for this process's userfaultfd
@@ -400,6 +414,7 @@ impl Inner {
                 let mut req = [0u8; 8];
                 break match rustix::net::recv(link, &mut req, RecvFlags::DONTWAIT) {
                     Ok((n, _)) if &req[..n] == REQUEST => Outcome::HandOver,
+                    Ok((n, _)) if &req[..n] == COPY_REQUEST => Outcome::Copy,
                     // Closed: the child exec'd or exited.
                     _ => Outcome::Gone,
                 };
@@ -427,6 +442,7 @@ impl Inner {
                 log::warn!("a forked child did not take its memory over: copying it in whole");
                 self.push_to_child(&child, &edits, bounce);
             }
+            Outcome::Copy => self.push_to_child(&child, &edits, bounce),
             Outcome::Gone => {}
         }
         drop(child);
@@ -686,7 +702,10 @@ impl Inner {
 
 enum Outcome {
     HandOver,
+    /// The child did not ask in time.
     Push,
+    /// The child asked for a copy ([`Pager::ask_for_whole_copy`]).
+    Copy,
     Gone,
 }
 
