@@ -74,7 +74,11 @@ pub(crate) extern "C" fn after_fork_in_child() {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Made {
     Fork,
-    Raw,
+    /// With `CLONE_FILES` or not: the descriptor table shared with the
+    /// parent, whose pager's descriptors the child must then not close.
+    Raw {
+        shares_files: bool,
+    },
 }
 
 /// A `clone` without `CLONE_VM`, or a `fork`, made through glibc's
@@ -87,13 +91,21 @@ enum Made {
 /// unmanaged, as one forked after a change of root does: it may be in new
 /// namespaces (a pid namespace, where it is pid 1), which a pager of its
 /// own would not know, and it mostly execs at once (a shim starts anew).
-pub(crate) fn raw_fork(call: impl FnOnce() -> std::ffi::c_long) -> std::ffi::c_long {
+///
+/// `flags` are the call's `clone` flags (none for `fork`).
+pub(crate) fn raw_fork(flags: u64, call: impl FnOnce() -> std::ffi::c_long) -> std::ffi::c_long {
     if crate::guard::in_zmem() || !crate::state::is_shim_process() {
         return call();
     }
     before_fork();
     let r = call();
-    crate::errno::keeping_errno(|| if r == 0 { in_child(Made::Raw) } else { after_fork_in_parent() });
+    crate::errno::keeping_errno(|| {
+        if r == 0 {
+            in_child(Made::Raw { shares_files: flags & libc::CLONE_FILES as u64 != 0 })
+        } else {
+            after_fork_in_parent()
+        }
+    });
     r
 }
 
@@ -137,7 +149,13 @@ fn in_child(made: Made) {
             }
         }
         let root_left = crate::stats::root_left();
-        if root_left || made == Made::Raw {
+        if let Made::Raw { shares_files: true } = made {
+            // The parent's pager's descriptors are the parent's too: the
+            // shim is left as it is, unreachable (CURRENT is null).
+            CHILD.store(true, Ordering::Relaxed);
+            return;
+        }
+        if root_left || made != Made::Fork {
             // A pager here would need `/proc`, the swap directory and the
             // tree's segment by their paths, which lead into the new root
             // now; a raw clone's child may be in namespaces of its own.

@@ -106,9 +106,12 @@ pub unsafe extern "C" fn syscall(
         // makes its calls through `syscall`).
         libc::SYS_capset => crate::creds::capabilities_set(call),
         libc::SYS_unshare => crate::ns::unsharing(a1 as c_int, call),
-        libc::SYS_fork => crate::fork::raw_fork(call),
-        libc::SYS_clone if a1 & libc::CLONE_VM as c_long == 0 => crate::fork::raw_fork(call),
-        libc::SYS_clone3 if a2 >= 8 && clone3_flags(a1) & libc::CLONE_VM as u64 == 0 => crate::fork::raw_fork(call),
+        libc::SYS_fork => crate::fork::raw_fork(0, call),
+        libc::SYS_clone if a1 & libc::CLONE_VM as c_long == 0 => crate::fork::raw_fork(a1 as u64, call),
+        libc::SYS_clone3 if a2 >= 8 => match clone3_flags(a1) {
+            flags if flags & libc::CLONE_VM as u64 == 0 => crate::fork::raw_fork(flags, call),
+            _ => call(),
+        },
         libc::SYS_setns => crate::ns::entering_ns(a1 as c_int, a2 as c_int, call),
         _ => call(),
     }

@@ -6,7 +6,8 @@
  * parent waits to start its pager and zmem's stats thread looks at it
  * every millisecond or two (a lock it held at the clone is held for good
  * in the child); past the limit, the parent has pages evicted at each
- * clone. HOW is the system call: clone, clone3 or fork.
+ * clone. HOW is the system call: clone, clone-files (with CLONE_FILES),
+ * clone3 or fork.
  * Usage: rawclone CHILDREN MIB HOW */
 #include <linux/sched.h>
 #include <sched.h>
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
             pid = syscall(SYS_clone3, &args, sizeof args);
         } else if (!strcmp(how, "fork")) {
             pid = syscall(SYS_fork);
+        } else if (!strcmp(how, "clone-files")) {
+            /* The descriptor table shared: zmem's descriptors are the
+             * parent's still. */
+            pid = syscall(SYS_clone, (long)(SIGCHLD | CLONE_FILES), 0L, 0L, 0L, 0L);
         } else {
             pid = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
         }

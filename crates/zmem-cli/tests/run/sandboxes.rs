@@ -559,7 +559,8 @@ fn children_made_by_a_raw_clone_read_their_parents_memory_back_whole() {
     assert!(o.status.success(), "waiting: {}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ok 3000"), "waiting: {}", text(&o));
     // Twice the limit: managed, with most of it evicted at each clone.
-    for (how, env) in [("clone", "0"), ("clone3", "0"), ("fork", "0"), ("clone", "1"), ("clone3", "1")] {
+    let ways = [("clone", "0"), ("clone-files", "0"), ("clone3", "0"), ("fork", "0"), ("clone", "1"), ("clone3", "1")];
+    for (how, env) in ways {
         let stats = tmpdir(&format!("rawclone-{how}-{env}-stats"));
         let o = zmem(
             &["run", "--limit", "32M", "--", exe, "40", "64", how],
