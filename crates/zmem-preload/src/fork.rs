@@ -85,16 +85,20 @@ enum Made {
 /// `syscall` (`call`): bubblewrap and Chromium make their children so, and
 /// no atfork handler runs. The child of a managed process would have its
 /// parent's memory without the pages evicted at the moment of the clone:
-/// its registration is not inherited, and those pages read as zeros. So
-/// the same three steps run around it as around glibc's `fork`: the
-/// prepare step loads every evicted folio back. The child then runs
-/// unmanaged, as one forked after a change of root does: it may be in new
-/// namespaces (a pid namespace, where it is pid 1), which a pager of its
-/// own would not know, and it mostly execs at once (a shim starts anew).
+/// its registration is not inherited, and those pages read as zeros. And
+/// the child of any process with zmem's threads would have a lock one of
+/// them held (the stats thread's look, or its allocation from zmem's heap)
+/// held for good: bubblewrap's pid 1 then hung at its `fork`. So the same
+/// three steps run around it as around glibc's `fork`: the prepare step
+/// takes those locks, and loads every evicted folio back. The child then
+/// runs unmanaged, as one forked after a change of root does: it may be in
+/// new namespaces (a pid namespace, where it is pid 1), which a pager of
+/// its own would not know, and it mostly execs at once (a shim starts
+/// anew).
 ///
 /// `flags` are the call's `clone` flags (none for `fork`).
 pub(crate) fn raw_fork(flags: u64, call: impl FnOnce() -> std::ffi::c_long) -> std::ffi::c_long {
-    if crate::guard::in_zmem() || !crate::state::is_shim_process() {
+    if crate::guard::in_zmem() || !crate::init::has_zmem_threads() {
         return call();
     }
     before_fork();

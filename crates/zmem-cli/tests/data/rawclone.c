@@ -2,7 +2,8 @@
  * `syscall`, as bubblewrap does (no fork handlers run): each child changes
  * its root the way bubblewrap's does (`pivot_root` through `syscall`,
  * here with paths that fail), reads every page of the parent's memory
- * back, maps and fills memory of its own, and ends. Under a few MiB the
+ * back, maps and fills memory of its own, forks a child that ends at
+ * once, and ends. Under a few MiB the
  * parent waits to start its pager and zmem's stats thread looks at it
  * every millisecond or two (a lock it held at the clone is held for good
  * in the child); past the limit, the parent has pages evicted at each
@@ -53,6 +54,12 @@ int main(int argc, char **argv) {
             memset(m, i, 4 << 20);
             for (size_t o = 0; o < len; o += 4096)
                 if (held[o] != (char)((o >> 12) % 251) || held[o + 4095] != held[o]) _exit(5);
+            /* bubblewrap's pid 1 forks the sandbox's program (glibc's
+             * fork: the shim's handlers run). */
+            pid_t g = fork();
+            if (g == 0) _exit(0);
+            int gst;
+            if (g < 0 || waitpid(g, &gst, 0) != g || gst != 0) _exit(6);
             _exit(m[12345] == (char)i ? 0 : 4);
         }
         int st;

@@ -538,17 +538,20 @@ fn a_program_started_under_a_filter_that_kills_userfaultfd_runs_unmanaged() {
 /// bubblewrap makes its sandbox's first process with a raw `clone` through
 /// glibc's `syscall` (Chromium its zygote's children too), which runs no
 /// fork handlers. Two ways that went wrong:
-/// - That child calls `pivot_root` through `syscall`. Where the parent
-///   waited to start its pager, the shim's `pivot_root` took the waiting
-///   state's lock, which the child had copied held when the parent's stats
-///   thread was in a look: the child waited for good, one sandbox in a few
-///   hundred (CI's bubblewrap test hung so).
+/// - That child calls `pivot_root` through `syscall`, and with a pid
+///   namespace forks (glibc's `fork`) the sandbox's program. Where the
+///   parent waited to start its pager, the shim's `pivot_root` and the
+///   fork's prepare step took the waiting state's lock, which the child had
+///   copied held when the parent's stats thread was in a look: the child
+///   waited for good, one sandbox in a few hundred (CI's bubblewrap test
+///   hung so).
 /// - The child of a managed process had its parent's memory without the
 ///   pages evicted at the clone: every one read as zeros.
 ///
 /// The shim now makes the fork's three steps around such a call (the
-/// prepare step loads every evicted folio back; with `ZMEM_FORK_EVENT` the
-/// parent copies them into the child), and the child runs unmanaged.
+/// prepare step takes zmem's locks and loads every evicted folio back;
+/// with `ZMEM_FORK_EVENT` the parent copies them into the child), and the
+/// child runs unmanaged.
 #[test]
 fn children_made_by_a_raw_clone_read_their_parents_memory_back_whole() {
     let exe = compile_c("rawclone");
