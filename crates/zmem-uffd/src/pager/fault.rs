@@ -673,8 +673,10 @@ impl Inner {
     fn note_filled(&self, st: &RegionState, f: usize) {
         let since =
             self.lists.evict_clock.load(Ordering::Relaxed).wrapping_sub(st.loaded_at[f].load(Ordering::Relaxed));
+        inc(&self.counters.filled_folios);
         if filled_soon(since as usize, self.acct.resident.load(Ordering::Relaxed)) {
             st.dense[f].store(DENSE_LOADS, Ordering::Relaxed);
+            inc(&self.counters.filled_soon_folios);
         }
     }
 

@@ -207,6 +207,11 @@ pub struct PagerStats {
     /// because its last partial load was followed by faults on all the
     /// rest of it (`RegionState::dense`).
     pub dense_load_faults: u64,
+    /// Folios whose partial load the program followed with faults on
+    /// every page it left in the tier; `filled_soon_folios` of them within
+    /// an eighth of a turn of the resident folios (`RegionState::dense`).
+    pub filled_folios: u64,
+    pub filled_soon_folios: u64,
     /// Faults on a page a partial load left in the tier.
     pub swapped_page_faults: u64,
     /// Faults that loaded pages from the tier and read none from the swap
@@ -316,6 +321,8 @@ pub(super) struct Counters {
     pub(super) staging_frees: AtomicU64,
     pub(super) partial_load_faults: AtomicU64,
     pub(super) dense_load_faults: AtomicU64,
+    pub(super) filled_folios: AtomicU64,
+    pub(super) filled_soon_folios: AtomicU64,
     pub(super) swapped_page_faults: AtomicU64,
     pub(super) pool_load_faults: AtomicU64,
     pub(super) pool_load_fault_ns: AtomicU64,
@@ -423,6 +430,8 @@ impl Pager {
             swapped_bytes: (self.inner.folios.swapped_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64,
             partial_load_faults: r(&c.partial_load_faults),
             dense_load_faults: r(&c.dense_load_faults),
+            filled_folios: r(&c.filled_folios),
+            filled_soon_folios: r(&c.filled_soon_folios),
             swapped_page_faults: r(&c.swapped_page_faults),
             pool_load_faults: r(&c.pool_load_faults),
             pool_load_fault_ns: r(&c.pool_load_fault_ns),
