@@ -22,9 +22,25 @@ pub fn statm_field(statm: &str, n: usize) -> Option<usize> {
     statm.split_ascii_whitespace().nth(n)?.parse().ok()
 }
 
+/// The first pid of the `NSpid:` line of a `/proc/PID/status`: the
+/// process's pid in the outermost pid namespace that the `/proc` it was read
+/// from shows (a sandbox's process, pid 2 in its own namespace, is pid
+/// 12345 there). `None` without such a line.
+pub fn outer_pid(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outer_pid_is_the_first_of_nspid() {
+        let status = "Name:\tpython3\nTgid:\t2\nPid:\t2\nNSpid:\t48213\t2\nNStgid:\t48213\t2\n";
+        assert_eq!(outer_pid(status), Some(48213));
+        assert_eq!(outer_pid("Pid:\t7\nNSpid:\t7\n"), Some(7));
+        assert_eq!(outer_pid("Pid:\t7\n"), None);
+    }
 
     #[test]
     fn a_stat_field_is_counted_after_the_name_whatever_it_holds() {

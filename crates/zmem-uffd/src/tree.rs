@@ -26,6 +26,15 @@
 //! thread about once a second); the start time, from `/proc/PID/stat`,
 //! tells a reused pid apart. After an exec the new image takes over its
 //! own pid's slot.
+//!
+//! A slot holds the pid as `/proc` shows it ([`tree_pid`]), not the
+//! process's own: a process in a pid namespace of its own (bubblewrap's
+//! `--unshare-pid`) is pid 2 or so there, and that pid, looked up by
+//! `zmem run` and the other processes, named another process (pid 2 is
+//! the kernel's `kthreadd`). Its slot never looked gone: a sandbox's
+//! process killed with its usage in the slot throttled the rest of the
+//! tree for good, and `zmem run` left the segment behind. Two sandboxes
+//! shared one slot.
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -395,7 +404,7 @@ impl Tree {
     /// # Errors
     /// [`TreeError::Full`].
     pub fn join(self) -> Result<Member, TreeError> {
-        let pid = std::process::id();
+        let pid = tree_pid();
         let start = start_time(pid).unwrap_or(0);
         let mine = (0..SLOTS).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == pid);
         let claim = || {
@@ -427,7 +436,7 @@ impl Tree {
             r.store(0, Ordering::Relaxed);
         }
         self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
-        Ok(Member { tree: self, slot: i, pid, left: AtomicBool::new(false) })
+        Ok(Member { tree: self, slot: i, pid, own_pid: std::process::id(), left: AtomicBool::new(false) })
     }
 
     /// Frees the slots of processes that are gone.
@@ -449,7 +458,11 @@ impl Tree {
 pub struct Member {
     tree: Tree,
     slot: usize,
+    /// The pid in the slot ([`tree_pid`]).
     pid: u32,
+    /// The process's own pid when it joined: a forked child's copy of its
+    /// parent's `Member` is not its own.
+    own_pid: u32,
     /// The process is exiting ([`Member::leave`]): it publishes no usage.
     left: AtomicBool,
 }
@@ -535,7 +548,7 @@ impl Member {
     /// child that drops its copy must not free its parent's). Atomics
     /// only: an exit handler may call it.
     pub fn give_back(&self) {
-        if std::process::id() == self.pid {
+        if std::process::id() == self.own_pid {
             self.left.store(true, Ordering::Relaxed);
             let s = self.tree.slot(self.slot);
             s.usage.store(0, Ordering::Relaxed);
@@ -560,6 +573,19 @@ fn stat(pid: u32) -> Option<(u64, bool)> {
     let state = zmem_common::procfs::stat_field(&text, 3)?;
     let start = zmem_common::procfs::stat_field(&text, 22)?.parse().ok()?;
     Some((start, matches!(state, "Z" | "X" | "x")))
+}
+
+/// This process's pid as `/proc` shows it (`NSpid`'s first): the pid the
+/// other processes of the tree look up, `zmem run` included, wherever it
+/// runs in a pid namespace of its own under the same `/proc`. Its own pid
+/// where `/proc` does not show it (a sandbox with a `/proc` of its own).
+fn tree_pid() -> u32 {
+    let own = std::process::id();
+    let path = std::path::Path::new("/proc/self/status");
+    zmem_common::host::fds::read_to_string(zmem_common::host::fds::Wait::Yes, path)
+        .ok()
+        .and_then(|t| zmem_common::procfs::outer_pid(&t))
+        .unwrap_or(own)
 }
 
 fn start_time(pid: u32) -> Option<u64> {

@@ -578,6 +578,52 @@ fn children_made_by_a_raw_clone_read_their_parents_memory_back_whole() {
     }
 }
 
+/// bubblewrap's `--unshare-pid` puts the program in a pid namespace of its
+/// own, where it is pid 2. Its slot in the tree held that pid, which
+/// `zmem run` and the other processes looked up as the kernel's
+/// `kthreadd`: the slot of a sandboxed program killed with its usage in it
+/// never looked gone. The rest of the tree was throttled to what that
+/// usage left of the limit, and `zmem run` left the tree's segment behind.
+/// Slots now hold the pid that `/proc` shows (`NSpid`).
+#[test]
+fn a_program_killed_in_a_pid_namespace_of_its_own_gives_its_slot_and_the_segment_back() {
+    let dir = tmpdir("pidns");
+    let killed = dir.join("killed.py");
+    std::fs::write(
+        &killed,
+        "import os\n\
+         b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+         print('tree', os.environ['ZMEM_TREE'], 'pid', os.getpid(), flush=True)\n\
+         os.kill(os.getpid(), 9)\n",
+    )
+    .unwrap();
+    let after = dir.join("after.py");
+    std::fs::write(
+        &after,
+        "import os\n\
+         b = [bytearray(os.urandom(64) * 16384) for _ in range(96)]\n\
+         print('ok', all(len(x) == 1 << 20 and x[:64] == x[-64:] for x in b), flush=True)\n",
+    )
+    .unwrap();
+    // The second program is not pid 2 (its shell forks it), so it cannot
+    // take the killed one's slot over as its own.
+    let shell = format!(
+        "bwrap --dev-bind / / --unshare-pid -- {SYSTEM_PYTHON} {};          bwrap --dev-bind / / --unshare-pid -- sh -c '{SYSTEM_PYTHON} {}; true'",
+        killed.display(),
+        after.display()
+    );
+    let stats = tmpdir("pidns-stats");
+    let o =
+        zmem(&["run", "--limit", "48M", "--", "sh", "-c", &shell], &[("ZMEM_STATS_DIR", stats.to_str().unwrap())], 120);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("pid 2\n"), "not pid 2 in its namespace: {}", text(&o));
+    assert!(out.contains("ok True"), "{}", text(&o));
+    let tree = out.split_whitespace().skip_while(|w| *w != "tree").nth(1).expect("the tree's path");
+    assert!(!std::path::Path::new(tree).exists(), "zmem run left the tree's segment {tree} behind: {}", text(&o));
+    assert!(pager_max(&stats, "evicted_folios") > 500, "{}", text(&o));
+}
+
 /// A filter the shim does not see (installed through the C library's own
 /// `syscall`, as a raw system call would be) kills the program's only
 /// thread (`SECCOMP_RET_KILL` kills a thread): without zmem that ends the
