@@ -27,7 +27,7 @@
 //! tells a reused pid apart. After an exec the new image takes over its
 //! own pid's slot.
 //!
-//! A slot holds the pid as `/proc` shows it ([`tree_pid`]), not the
+//! A slot holds the pid as `/proc` shows it (`tree_pid`), not the
 //! process's own: a process in a pid namespace of its own (bubblewrap's
 //! `--unshare-pid`) is pid 2 or so there, and that pid, looked up by
 //! `zmem run` and the other processes, named another process (pid 2 is
