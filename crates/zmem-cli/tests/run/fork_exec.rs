@@ -294,7 +294,11 @@ fn a_double_forking_daemon_keeps_its_data_and_its_memory_stays_managed() {
             .max_by_key(|v| v["pager"]["load_faults"].as_u64())
             .unwrap();
         let p = &daemon["pager"];
-        assert!(p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20), "{daemon}");
+        assert!(
+            p["evicted_folios"].as_u64() > Some(0) && p["adopted_bytes"].as_u64() >= Some(64 << 20),
+            "ZMEM_FORK_EVENT={event}: {daemon}\nstderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
 
