@@ -20,6 +20,11 @@ struct ForkGuards {
     owned: zmem_common::host::owned::ForkGuard,
 }
 
+/// How long fork's prepare step waits for zmem's threads to be past their
+/// start (`zmem_common::host::thread::wait_for_starting`); they are
+/// usually past it long before.
+const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 thread_local! {
     static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
 }
@@ -32,6 +37,12 @@ thread_local! {
 /// execs (or exits) without touching the parent's memory.
 pub(crate) extern "C" fn before_fork() {
     guarded(|| {
+        // No thread of zmem's is inside its start (a pager started just
+        // now, by a child about to fork again). First: a starting thread
+        // may need a lock taken below.
+        if !zmem_common::host::thread::wait_for_starting(STARTING_WAIT) {
+            log::debug!("forking while a thread of zmem's is still starting");
+        }
         // The child must not inherit the mask of a thread held on the
         // handler's CPU (`zmem_uffd::unhold_current_thread`).
         zmem_uffd::unhold_current_thread();
@@ -120,6 +131,7 @@ fn in_child(made: Made) {
     // The parent's other threads' descriptor sections and closes are not
     // in the child: before anything here closes a descriptor.
     zmem_common::host::fds::reset_in_child();
+    zmem_common::host::thread::reset_in_child();
     crate::stats::after_fork_in_child();
     // SAFETY: this thread is the child's only one. First: the new pager's
     // handler takes its allocations there.

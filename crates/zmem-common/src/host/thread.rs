@@ -16,8 +16,9 @@
 //! signals (thread cancellation, `setuid` across threads) out of any mask.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::{Builder, JoinHandle};
+use std::time::{Duration, Instant};
 
 /// The names zmem gives its threads, as prefixes (`comm`, at most 15
 /// bytes). A thread is zmem's by one of these, not by `zmem-` alone: a
@@ -48,19 +49,57 @@ where
     T: Send + 'static,
 {
     let _blocked = block_async_signals();
+    STARTING.fetch_add(1, Ordering::SeqCst);
     // The thread's TLS vector stays resident (see `tls`): pinned by the
     // thread itself first thing, and by this thread too, in case the
     // thread faults on it before it runs a line of its own.
     let r = builder.spawn(move || {
+        STARTING.fetch_sub(1, Ordering::SeqCst);
         let _listed = Listed::me();
         super::tls::keep_resident();
         f()
     });
-    if let Ok(t) = &r {
-        use std::os::unix::thread::JoinHandleExt;
-        super::tls::pin_thread(t.as_pthread_t());
+    match &r {
+        Ok(t) => {
+            use std::os::unix::thread::JoinHandleExt;
+            super::tls::pin_thread(t.as_pthread_t());
+        }
+        Err(_) => {
+            STARTING.fetch_sub(1, Ordering::SeqCst);
+        }
     }
     r
+}
+
+/// zmem's threads spawned that have not run their first line yet: they are
+/// inside the C library's and Rust's start of a thread, which takes locks
+/// of theirs and writes their state.
+static STARTING: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits, at most `within`, until every thread [`spawn`] started has run
+/// its first line. Whether none is left starting.
+///
+/// A fork while one is starting copies its start half done into a child
+/// that does not have the thread. A double-forking daemon, whose middle
+/// process forks right after it started its own pager, once came out with
+/// a pager whose reclaim thread never ran a round: nothing adopted, nothing
+/// evicted, the program unmanaged at four times its limit (CI, under load).
+/// The prepare step of fork calls this before it takes any lock, so a
+/// starting thread waits for nothing the fork holds.
+pub fn wait_for_starting(within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while STARTING.load(Ordering::SeqCst) != 0 {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    true
+}
+
+/// In a forked child: the parent's starting threads are not here.
+pub fn reset_in_child() {
+    STARTING.store(0, Ordering::SeqCst);
 }
 
 /// zmem's threads, as many as are listed at once (a pager runs about four,
