@@ -339,9 +339,17 @@ fn look() -> Option<Duration> {
 fn start_locked(guard: &mut MutexGuard<'_, Option<Waiting>>) {
     let Some(w) = take(guard, STARTING) else { return };
     log::debug!("usage reached {}% of the limit: the pager starts", w.settings.start_percent);
-    // The slot goes back first: the pager joins the tree itself.
-    drop(w.member);
+    // The pager joins the tree itself, into this slot, and what it holds
+    // stays counted until its first scan has adopted it (`Tree::join`):
+    // with the slot given back first, the tree's usage fell to nothing for
+    // a moment, and `--max-slowdown`'s controller cut the limit to its
+    // floor. A start that failed, or a pager outside the tree, frees it.
+    let member = w.member;
     crate::init::start_late(w.settings);
+    match member {
+        Some(m) if crate::state::current().is_some_and(|s| s.pager.tree().is_some()) => m.hand_over(),
+        m => drop(m),
+    }
     ROOM.store(NOT_WAITING, Ordering::Relaxed);
 }
 

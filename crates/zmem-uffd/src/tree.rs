@@ -84,7 +84,9 @@ struct Slot {
     evicted: AtomicU64,
     /// What a process that has not started its pager yet holds with what
     /// it has mapped and not filled: memory it may hold before its next
-    /// look (`Member::publish_mapped`). 0 for a pager.
+    /// look (`Member::publish_mapped`). A pager that took the slot over
+    /// from its process's wait keeps it until its first scan has adopted
+    /// that memory ([`Tree::join`]), then 0.
     mapped: AtomicU64,
     /// Nanoseconds this process's threads have waited on its pager because
     /// of the limit (`PagerStats::stall_ns`), for the controller.
@@ -135,6 +137,8 @@ unsafe impl Sync for Tree {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemberStats {
     pub pid: u32,
+    /// Its usage, or what it has mapped where that is more: as
+    /// [`Tree::committed`] counts it.
     pub usage: u64,
     pub peak: u64,
     pub share: u64,
@@ -385,7 +389,7 @@ impl Tree {
                 let pid = s.pid.load(Ordering::Acquire);
                 (pid != 0).then(|| MemberStats {
                     pid,
-                    usage: s.usage.load(Ordering::Relaxed),
+                    usage: s.usage.load(Ordering::Relaxed).max(s.mapped.load(Ordering::Relaxed)),
                     peak: s.peak.load(Ordering::Relaxed),
                     share: s.share.load(Ordering::Relaxed),
                     evicted: s.evicted.load(Ordering::Relaxed),
@@ -425,10 +429,20 @@ impl Tree {
         };
         let s = self.slot(i);
         s.start.store(start, Ordering::Relaxed);
+        // A slot this process already holds keeps what it has mapped: a
+        // waiting process hands its slot to the pager it starts
+        // (`Member::hand_over`), whose usage counts nothing until its first
+        // scan has adopted the memory, and the tree's count must not fall
+        // meanwhile (the limit's controller took a usage of 0 for a cue to
+        // cut the limit to its floor). The pager sets it to 0 after that
+        // scan; an exec'd image that waits publishes its own at its first
+        // look.
+        if mine.is_none() {
+            s.mapped.store(0, Ordering::Relaxed);
+        }
         s.usage.store(0, Ordering::Relaxed);
         s.peak.store(0, Ordering::Relaxed);
         s.evicted.store(0, Ordering::Relaxed);
-        s.mapped.store(0, Ordering::Relaxed);
         s.stall_ns.store(0, Ordering::Relaxed);
         s.pool.store(0, Ordering::Relaxed);
         s.load_stall_ns.store(0, Ordering::Relaxed);
@@ -436,7 +450,14 @@ impl Tree {
             r.store(0, Ordering::Relaxed);
         }
         self.header().high_slot.fetch_max(i as u32 + 1, Ordering::AcqRel);
-        Ok(Member { tree: self, slot: i, pid, own_pid: std::process::id(), left: AtomicBool::new(false) })
+        Ok(Member {
+            tree: self,
+            slot: i,
+            pid,
+            own_pid: std::process::id(),
+            left: AtomicBool::new(false),
+            handed: false,
+        })
     }
 
     /// Frees the slots of processes that are gone.
@@ -465,6 +486,9 @@ pub struct Member {
     own_pid: u32,
     /// The process is exiting ([`Member::leave`]): it publishes no usage.
     left: AtomicBool,
+    /// The slot is another `Member`'s of this process now
+    /// ([`Member::hand_over`]): this one never frees it.
+    handed: bool,
 }
 
 impl Member {
@@ -492,7 +516,8 @@ impl Member {
     }
 
     /// Publishes what this process has mapped to write, for
-    /// [`Tree::committed`] (a process that has not started its pager).
+    /// [`Tree::committed`] (a process that has not started its pager), or
+    /// 0 once its pager has adopted what it held (see [`Tree::join`]).
     pub fn publish_mapped(&self, bytes: usize) {
         if !self.left.load(Ordering::Relaxed) {
             self.tree.slot(self.slot).mapped.store(bytes as u64, Ordering::Relaxed);
@@ -544,11 +569,18 @@ impl Member {
 }
 
 impl Member {
+    /// Lets go of the slot without freeing it: this process joined the tree
+    /// again meanwhile (its pager, [`Tree::join`]), and that `Member` owns
+    /// the slot now.
+    pub fn hand_over(mut self) {
+        self.handed = true;
+    }
+
     /// Gives the slot back now, if it is still this process's (a forked
     /// child that drops its copy must not free its parent's). Atomics
     /// only: an exit handler may call it.
     pub fn give_back(&self) {
-        if std::process::id() == self.own_pid {
+        if std::process::id() == self.own_pid && !self.handed {
             self.left.store(true, Ordering::Relaxed);
             let s = self.tree.slot(self.slot);
             s.usage.store(0, Ordering::Relaxed);
@@ -694,6 +726,38 @@ mod tests {
         assert_eq!(t.usage(), 0);
         assert_eq!(t.members().len(), 1, "the slot stays until the drop or a sweep");
         drop(a);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// A waiting process hands its slot to the pager it starts: the tree's
+    /// count keeps what the process published until the pager's first scan
+    /// (`publish_mapped(0)`), never 0 in between, and the slot stays taken.
+    #[test]
+    fn a_slot_handed_to_a_pager_keeps_its_count_until_the_pager_has_adopted() {
+        let p = path("hand-over");
+        let t = Tree::create(&p, 100 << 20).unwrap();
+        let waiting = Tree::open(&p).unwrap().join().unwrap();
+        waiting.publish(40 << 20, 1 << 20);
+        waiting.publish_mapped(48 << 20);
+        let usage = |t: &Tree| t.members().iter().map(|m| m.usage).sum::<u64>();
+        assert_eq!(usage(&t), 48 << 20);
+        let pager = Tree::open(&p).unwrap().join().unwrap();
+        assert_eq!(pager.slot, waiting.slot, "this process's own slot");
+        waiting.hand_over();
+        assert_eq!(t.members().len(), 1, "a handed-over slot stays taken");
+        assert_eq!(usage(&t), 48 << 20, "the pager has adopted nothing yet");
+        assert_eq!(t.committed(), 48 << 20);
+        pager.publish(10 << 20, 1 << 20);
+        assert_eq!(usage(&t), 48 << 20);
+        pager.publish_mapped(0);
+        assert_eq!(usage(&t), 10 << 20);
+        // A process joining a free slot starts from nothing.
+        drop(pager);
+        assert!(t.members().is_empty());
+        t.slot(0).mapped.store(7, Ordering::Relaxed);
+        let again = Tree::open(&p).unwrap().join().unwrap();
+        assert_eq!(usage(&t), 0);
+        drop(again);
         let _ = std::fs::remove_file(&p);
     }
 

@@ -50,6 +50,9 @@ struct Reclaimer {
     shared_at: Instant,
     scanned_at: Option<Instant>,
     scanned_rss: usize,
+    /// The usage published before the pager started no longer counts
+    /// ([`Inner::forget_waiting_usage`]).
+    waiting_usage_forgotten: bool,
     /// `/proc/thread-self/statm`, kept open, with adoption on.
     statm: Option<zmem_common::host::fds::KeptFd>,
     recompress: Option<zmem_tier::CodecSpec>,
@@ -95,6 +98,7 @@ impl Inner {
             shared_at: now,
             scanned_at: None,
             scanned_rss: 0,
+            waiting_usage_forgotten: false,
             statm: self.cfg.adopt.as_ref().and_then(|_| {
                 use rustix::fs::{Mode, OFlags};
                 zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
@@ -168,8 +172,15 @@ impl Inner {
     /// evicting (at most 8 times as often), and when the process's RSS has
     /// grown by a sixteenth of the limit since the last scan (a program
     /// filling memory it mapped itself, faster than the timer).
+    ///
+    /// After the first scan (or at once, without adoption), the usage this
+    /// process published before its pager started stops counting in the
+    /// tree (`Tree::join`): the pager's own count holds that memory now.
     fn scan_if_due(&self, r: &mut Reclaimer) {
-        let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) else { return };
+        let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) else {
+            self.forget_waiting_usage(r);
+            return;
+        };
         // Not before the handlers run (see `Pager::adopt`).
         if !self.threads_running() {
             return;
@@ -188,6 +199,17 @@ impl Inner {
             }
             r.scanned_at = Some(Instant::now());
             r.scanned_rss = rss.unwrap_or(0);
+            self.forget_waiting_usage(r);
+        }
+    }
+
+    /// See [`scan_if_due`](Self::scan_if_due). Once.
+    fn forget_waiting_usage(&self, r: &mut Reclaimer) {
+        if !r.waiting_usage_forgotten {
+            r.waiting_usage_forgotten = true;
+            if let Some(m) = &self.acct.member {
+                m.publish_mapped(0);
+            }
         }
     }
 
