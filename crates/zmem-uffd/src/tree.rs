@@ -428,7 +428,6 @@ impl Tree {
                 .ok_or(TreeError::Full)?,
         };
         let s = self.slot(i);
-        s.start.store(start, Ordering::Relaxed);
         // A slot this process already holds keeps what it has mapped: a
         // waiting process hands its slot to the pager it starts
         // (`Member::hand_over`), whose usage counts nothing until its first
@@ -436,8 +435,11 @@ impl Tree {
         // meanwhile (the limit's controller took a usage of 0 for a cue to
         // cut the limit to its floor). The pager sets it to 0 after that
         // scan; an exec'd image that waits publishes its own at its first
-        // look.
-        if mine.is_none() {
+        // look. A slot of a process gone whose pid this one reuses (another
+        // start time; not swept yet) starts from nothing.
+        let same = mine.is_some() && s.start.load(Ordering::Relaxed) == start;
+        s.start.store(start, Ordering::Relaxed);
+        if !same {
             s.mapped.store(0, Ordering::Relaxed);
         }
         s.usage.store(0, Ordering::Relaxed);
@@ -751,13 +753,21 @@ mod tests {
         assert_eq!(usage(&t), 48 << 20);
         pager.publish_mapped(0);
         assert_eq!(usage(&t), 10 << 20);
-        // A process joining a free slot starts from nothing.
+        // A process joining a free slot starts from nothing…
         drop(pager);
         assert!(t.members().is_empty());
         t.slot(0).mapped.store(7, Ordering::Relaxed);
         let again = Tree::open(&p).unwrap().join().unwrap();
         assert_eq!(usage(&t), 0);
-        drop(again);
+        // …as does one that takes over the slot of a process gone with the
+        // same pid (another start time).
+        t.slot(again.slot).mapped.store(7, Ordering::Relaxed);
+        t.slot(again.slot).start.fetch_add(1, Ordering::Relaxed);
+        let reused = Tree::open(&p).unwrap().join().unwrap();
+        assert_eq!(reused.slot, again.slot);
+        assert_eq!(usage(&t), 0);
+        again.hand_over();
+        drop(reused);
         let _ = std::fs::remove_file(&p);
     }
 
