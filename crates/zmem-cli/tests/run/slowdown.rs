@@ -74,10 +74,9 @@ impl Phases {
 /// re-read at random for 12 s (`tests/data/phases.c`), under
 /// `--max-slowdown 5%` with no ceiling: the limit never falls far under
 /// the working set, each phase ends with the limit within a quarter of its
-/// working set (the median of the report's points
-/// over the phase's last 3 s: a probe that failed a tick before the end is
-/// not the phase's limit), and with the stall over its last 10 s under the
-/// target. Every page is checked at every touch.
+/// working set (the median of the report's points over the phase's last
+/// 3 s: a probe that failed a tick before the end is not the phase's
+/// limit), and with the stall over its last 10 s under the target. Every page is checked at every touch.
 #[test]
 fn the_limit_follows_a_working_set_through_its_phases_with_the_stall_under_target() {
     let report = tmpdir("slowdown-phases-report").join("report.json");
@@ -102,9 +101,9 @@ fn the_limit_follows_a_working_set_through_its_phases_with_the_stall_under_targe
     let points = r["points"].as_array().unwrap();
     assert!(points.len() > 300, "{} points", points.len());
     // Once the first working set is in, and until the end, the limit never
-    // falls under half the smallest: where the tree's usage read 0 for a tick (the pager
-    // taking over the waiting process's count), the limit was cut to its
-    // floor, and the stall of the phase went to 8-100%.
+    // falls under half the smallest: where the tree's usage read 0 for a
+    // tick (the pager taking over the waiting process's count), the limit
+    // was cut to its floor, and the stall of the phase went to 8-100%.
     let filled = points.iter().position(|p| p["usage"].as_u64().unwrap() >= 40 * MIB).expect("the first 48 MiB");
     // Until the last phase's end: a program that exits has nothing left.
     let last = seen.last().unwrap().1;

@@ -50,9 +50,6 @@ struct Reclaimer {
     shared_at: Instant,
     scanned_at: Option<Instant>,
     scanned_rss: usize,
-    /// The usage published before the pager started no longer counts
-    /// ([`Inner::forget_waiting_usage`]).
-    waiting_usage_forgotten: bool,
     /// `/proc/thread-self/statm`, kept open, with adoption on.
     statm: Option<zmem_common::host::fds::KeptFd>,
     recompress: Option<zmem_tier::CodecSpec>,
@@ -98,7 +95,6 @@ impl Inner {
             shared_at: now,
             scanned_at: None,
             scanned_rss: 0,
-            waiting_usage_forgotten: false,
             statm: self.cfg.adopt.as_ref().and_then(|_| {
                 use rustix::fs::{Mode, OFlags};
                 zmem_common::host::fds::open_kept(zmem_common::host::fds::Wait::Yes, rustix::io::Errno::AGAIN, || {
@@ -173,12 +169,12 @@ impl Inner {
     /// grown by a sixteenth of the limit since the last scan (a program
     /// filling memory it mapped itself, faster than the timer).
     ///
-    /// After the first scan (or at once, without adoption), the usage this
-    /// process published before its pager started stops counting in the
+    /// After a scan (or at once, without adoption), what this process
+    /// published as mapped before its pager started stops counting in the
     /// tree (`Tree::join`): the pager's own count holds that memory now.
     fn scan_if_due(&self, r: &mut Reclaimer) {
         let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) else {
-            self.forget_waiting_usage(r);
+            self.forget_waiting_usage();
             return;
         };
         // Not before the handlers run (see `Pager::adopt`).
@@ -199,17 +195,14 @@ impl Inner {
             }
             r.scanned_at = Some(Instant::now());
             r.scanned_rss = rss.unwrap_or(0);
-            self.forget_waiting_usage(r);
+            self.forget_waiting_usage();
         }
     }
 
-    /// See [`scan_if_due`](Self::scan_if_due). Once.
-    fn forget_waiting_usage(&self, r: &mut Reclaimer) {
-        if !r.waiting_usage_forgotten {
-            r.waiting_usage_forgotten = true;
-            if let Some(m) = &self.acct.member {
-                m.publish_mapped(0);
-            }
+    /// See [`scan_if_due`](Self::scan_if_due): one store, after each scan.
+    fn forget_waiting_usage(&self) {
+        if let Some(m) = &self.acct.member {
+            m.publish_mapped(0);
         }
     }
 
