@@ -64,7 +64,7 @@ pub use config::{total_ram, TierConfig};
 pub use entry::{Entry, Stored};
 pub use error::TierError;
 pub use export::Exported;
-pub use load::LoadOutcome;
+pub use load::{LoadOutcome, LoadOutcomes};
 pub use pool::Pool;
 pub use recompress::Recompressed;
 pub use sample::CodecSample;

@@ -5,6 +5,8 @@ use zmem_compress::DecompressError;
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::stats::inc;
 use crate::tree::{Shard, BLOCK};
 use crate::{Cursor, ShardGuard};
@@ -21,6 +23,13 @@ struct Taken {
     at: usize,
     len: usize,
 }
+
+/// Per-page arrays of one load: inline for a folio of up to this many
+/// pages (64 KiB), so that a fault's load allocates nothing.
+const INLINE: usize = 16;
+
+/// What [`Tier::load_many`] returns: one outcome per page.
+pub type LoadOutcomes = SmallVec<[Result<LoadOutcome, TierError>; INLINE]>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadOutcome {
@@ -194,19 +203,19 @@ impl Tier {
     /// (invalidated, or stored again) is loaded again with `load`.
     ///
     /// A page whose outcome is `NotFound` is left as it was in `dst`.
-    pub fn load_many(&self, key: u64, dst: &mut [u8]) -> Vec<Result<LoadOutcome, TierError>> {
+    pub fn load_many(&self, key: u64, dst: &mut [u8]) -> LoadOutcomes {
         if dst.is_empty() || dst.len() % PAGE_SIZE != 0 {
-            return vec![Err(TierError::BadFolio { len: dst.len() })];
+            return smallvec::smallvec![Err(TierError::BadFolio { len: dst.len() })];
         }
         let n = dst.len() / PAGE_SIZE;
-        let mut out: Vec<Result<LoadOutcome, TierError>> = Vec::with_capacity(n);
+        let mut out = LoadOutcomes::with_capacity(n);
         // Objects copied out or read in, back to back: only what is written
         // is read, so the buffer is reused as it is (zeroing 64 KiB per
         // fault cost the handler ~2 µs of its ~80 per folio).
         let mut scratch = self.buffers.take(n * PAGE_SIZE);
         let objs = &mut scratch[..n * PAGE_SIZE];
         let mut used = 0;
-        let mut taken: Vec<Taken> = Vec::with_capacity(n);
+        let mut taken: SmallVec<[Taken; INLINE]> = SmallVec::with_capacity(n);
         // (slot, offset, at, len, index in `taken`) of the swap file's objects.
         let mut reads: Vec<(zmem_swapfile::Slot, u16, usize, usize, usize)> = Vec::new();
         // A folio's keys share a shard: one lock for all of them.
@@ -255,7 +264,7 @@ impl Tier {
             return out;
         }
         // The swap file's objects, each slot read once.
-        let mut failed: Vec<Option<TierError>> = (0..n).map(|_| None).collect();
+        let mut failed: SmallVec<[Option<TierError>; INLINE]> = (0..n).map(|_| None).collect();
         if !reads.is_empty() {
             let sf = self.swap.as_ref().expect("checked above");
             let mut rest = &mut objs[..used];
@@ -283,8 +292,8 @@ impl Tier {
         }
         // Expand: raw objects are copied, compressed ones decompressed in
         // batches per pool.
-        let mut pages: Vec<Option<&mut [u8]>> = dst.chunks_exact_mut(PAGE_SIZE).map(Some).collect();
-        let mut batch: Vec<usize> = Vec::new();
+        let mut pages: SmallVec<[Option<&mut [u8]>; INLINE]> = dst.chunks_exact_mut(PAGE_SIZE).map(Some).collect();
+        let mut batch: SmallVec<[usize; INLINE]> = SmallVec::new();
         for (t, tk) in taken.iter().enumerate() {
             if failed[tk.page].is_some() {
                 continue;
@@ -298,20 +307,21 @@ impl Tier {
         while let Some(&first) = batch.first() {
             let pool = taken[first].pool.clone().expect("a compressed object holds its pool");
             let max = pool.compressor.batch_size().max(1);
-            let group: Vec<usize> = batch
+            let group: SmallVec<[usize; INLINE]> = batch
                 .iter()
                 .copied()
                 .filter(|&t| taken[t].pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, &pool)))
                 .take(max)
                 .collect();
             batch.retain(|t| !group.contains(t));
-            let src: Vec<&[u8]> = group.iter().map(|&t| &objs[taken[t].at..taken[t].at + taken[t].len]).collect();
-            let mut d: Vec<&mut [u8]> = Vec::with_capacity(group.len());
+            let src: SmallVec<[&[u8]; INLINE]> =
+                group.iter().map(|&t| &objs[taken[t].at..taken[t].at + taken[t].len]).collect();
+            let mut d: SmallVec<[&mut [u8]; INLINE]> = SmallVec::with_capacity(group.len());
             for &t in &group {
                 // Each page appears once in `taken`, so each is taken once.
                 d.push(pages[taken[t].page].take().expect("each page once"));
             }
-            let mut res = vec![Ok(0); group.len()];
+            let mut res: SmallVec<[Result<usize, DecompressError>; INLINE]> = smallvec::smallvec![Ok(0); group.len()];
             let whole = pool.compressor.decompress_batch(&src, &mut d, &mut res);
             for ((&t, r), dp) in group.iter().zip(res).zip(d) {
                 let page = taken[t].page;

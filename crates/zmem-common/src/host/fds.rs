@@ -225,10 +225,12 @@ impl Section {
                 Wait::Yes => WAIT_FOR,
                 Wait::No => WAIT_BRIEFLY,
             };
-            let start = Instant::now();
+            // The clock is read only once a close is seen: a section is
+            // entered on every read of the userfaultfd, and mostly finds none.
+            let mut start = None;
             let mut spins = 0u32;
             while CLOSING.load(Ordering::SeqCst) != 0 {
-                if start.elapsed() >= limit {
+                if start.get_or_insert_with(Instant::now).elapsed() >= limit {
                     section.release();
                     std::mem::forget(section);
                     return None;

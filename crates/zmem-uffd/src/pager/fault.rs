@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zmem_common::{LockExt, RwLockExt};
 
+use smallvec::SmallVec;
 use zmem_tier::LoadOutcome;
 
 use super::install::{Load, Served};
@@ -595,7 +596,8 @@ impl Inner {
         let (lo, hi) = want.map_or((0, ppf), |m| (m.trailing_zeros() as usize, 64 - m.leading_zeros() as usize));
         let wanted = |p: usize| want.is_none_or(|m| m >> p & 1 != 0);
         let span = &mut bounce[lo * PAGE_SIZE..hi * PAGE_SIZE];
-        let mut bad = vec![false; ppf];
+        // Inline for folios of up to 64 pages: a fault allocates nothing here.
+        let mut bad: SmallVec<[bool; 64]> = smallvec::smallvec![false; ppf];
         // One call: the pages' slots in the swap file are read together
         // (one preadv per run). Pages it does not fill are zeroed after.
         let outcomes = self.tier.load_many(st.key(f * ppf + lo), span);
@@ -625,8 +627,8 @@ impl Inner {
         }
         let holes = st.holes_in(f * ppf, ppf);
         // Not filled: the program's holes, and the pages not wanted.
-        let skip = match (want, &holes) {
-            (None, _) => holes.clone(),
+        let skip: Option<SmallVec<[bool; 64]>> = match (want, &holes) {
+            (None, _) => holes.as_deref().map(SmallVec::from_slice),
             (Some(_), h) => Some((0..ppf).map(|p| !wanted(p) || h.as_ref().is_some_and(|h| h[p])).collect()),
         };
         if self.copy_folio(st, f, bounce, &bad, skip.as_deref()) == Served::Again {
