@@ -270,7 +270,10 @@ impl Inner {
                 // Written at once: one COPY of zeros gives the folio its
                 // own pages. The zero page would cost a copy-on-write
                 // fault per page as the program goes on writing.
-                if self.zero_copy_folio(&st, f, folio_addr) == Served::Again {
+                // Writable: the program writes it now, so the folio counts
+                // as written either way, and a protected page would fault
+                // again at that write.
+                if self.zero_copy_folio(&st, f, folio_addr, false) == Served::Again {
                     return Served::Again;
                 }
                 self.became_resident(&st, f);
@@ -474,7 +477,9 @@ impl Inner {
             bounce[p * PAGE_SIZE..(p + n) * PAGE_SIZE].copy_from_slice(src);
         }
         let skip: Vec<bool> = present.iter().map(|&x| !x).collect();
-        if self.copy_folio(st, f, &bounce[..ppf * PAGE_SIZE], &vec![false; ppf], Some(&skip)) == Served::Again {
+        if self.copy_folio(st, f, &bounce[..ppf * PAGE_SIZE], &vec![false; ppf], Some(&skip), self.tracking)
+            == Served::Again
+        {
             return Err(Served::Again);
         }
         if let Some(s) = self.folios.staged.lock_ok().get_mut(&key) {
@@ -600,6 +605,7 @@ impl Inner {
         let mut bad: SmallVec<[bool; 64]> = smallvec::smallvec![false; ppf];
         // One call: the pages' slots in the swap file are read together
         // (one preadv per run). Pages it does not fill are zeroed after.
+        let swap_reads = self.tier.swap_reads();
         let outcomes = self.tier.load_many(st.key(f * ppf + lo), span);
         for (i, page) in span.chunks_exact_mut(PAGE_SIZE).enumerate() {
             if !matches!(outcomes.get(i), Some(Ok(LoadOutcome::Loaded))) {
@@ -631,7 +637,16 @@ impl Inner {
             (None, _) => holes.as_deref().map(SmallVec::from_slice),
             (Some(_), h) => Some((0..ppf).map(|p| !wanted(p) || h.as_ref().is_some_and(|h| h[p])).collect()),
         };
-        if self.copy_folio(st, f, bounce, &bad, skip.as_deref()) == Served::Again {
+        // Write-protected only where a clean copy may be kept (its page has
+        // to be seen written to drop it): a fault's load at any usage over
+        // the low watermark keeps no pool entry, and one that read the swap
+        // file may keep its slot (`retain_pages`). Elsewhere the page goes
+        // in writable: a write after it costs the program no fault, and the
+        // folio counts as written, in use, until the next sweep
+        // (docs/benchmarks.md, "Loads that keep no copy go in writable").
+        let keeps = why == Load::Back || self.keeps_pool_copies(once) || self.tier.swap_reads() != swap_reads;
+        let wp = self.tracking && keeps;
+        if self.copy_folio(st, f, bounce, &bad, skip.as_deref(), wp) == Served::Again {
             // Nothing is lost: the entries are still in the tier.
             return Served::Again;
         }

@@ -63,6 +63,12 @@ impl Inner {
     /// read since the caller looked is seen here).
     ///
     /// Folio `f` of `st` gets `src`, less the pages `skip` names.
+    ///
+    /// `wp`: the pages go in write-protected (with write tracking), so that
+    /// a write after is seen (`PAGE_IS_WRITTEN`) and a clean copy kept of
+    /// them is dropped; unprotected, they read as written until the next
+    /// sweep re-protects them (`lru.rs`), and the program's first write
+    /// costs no fault.
     pub(super) fn copy_folio(
         &self,
         st: &RegionState,
@@ -70,6 +76,7 @@ impl Inner {
         src: &[u8],
         bad: &[bool],
         skip: Option<&[bool]>,
+        wp: bool,
     ) -> Served {
         let _events = match self.gate.events.try_read() {
             Ok(g) => g,
@@ -106,7 +113,7 @@ impl Inner {
                     Ok(_) => Served::Done,
                 }
             } else {
-                self.copy_run(st, a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE])
+                self.copy_run(st, a, &src[p * PAGE_SIZE..(p + run) * PAGE_SIZE], wp)
             };
             if r == Served::Again {
                 return r;
@@ -128,11 +135,11 @@ impl Inner {
         Some((0..n).map(|i| d.iter().any(|&(a, b)| a < page(i) + PAGE_SIZE as u64 && page(i) < b)).collect())
     }
 
-    pub(super) fn copy_run(&self, st: &RegionState, dst: u64, src: &[u8]) -> Served {
+    pub(super) fn copy_run(&self, st: &RegionState, dst: u64, src: &[u8], wp: bool) -> Served {
         let mut off = 0u64;
         let len = src.len() as u64;
         while off < len {
-            match st.copy_in(&self.uffd, dst + off, &src[off as usize..], self.tracking) {
+            match st.copy_in(&self.uffd, dst + off, &src[off as usize..], wp) {
                 Ok(n) if n == len - off => break,
                 // Stopped at a page that is present: step over it.
                 Ok(n) => off += n + PAGE_SIZE as u64,
@@ -181,8 +188,9 @@ impl Inner {
     }
 
     /// `UFFDIO_COPY` of zeros over folio `f` at `folio_addr`, less its
-    /// holes; pages already there are stepped over.
-    pub(super) fn zero_copy_folio(&self, st: &RegionState, f: usize, folio_addr: u64) -> Served {
+    /// holes; pages already there are stepped over. `wp`: write-protected,
+    /// for write tracking (see [`copy_folio`](Self::copy_folio)).
+    pub(super) fn zero_copy_folio(&self, st: &RegionState, f: usize, folio_addr: u64, wp: bool) -> Served {
         let fs = self.cfg.folio_size;
         let ppf = fs / PAGE_SIZE;
         let holes = st.holes_in(f * ppf, ppf);
@@ -192,7 +200,7 @@ impl Inner {
             let run = (p..ppf).take_while(|&q| hole(q) == hole(p)).count();
             if !hole(p) {
                 let a = folio_addr + (p * PAGE_SIZE) as u64;
-                if self.copy_run(st, a, &self.zeros[..run * PAGE_SIZE]) == Served::Again {
+                if self.copy_run(st, a, &self.zeros[..run * PAGE_SIZE], wp) == Served::Again {
                     return Served::Again;
                 }
             }

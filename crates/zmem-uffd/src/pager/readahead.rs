@@ -305,7 +305,7 @@ impl Inner {
                 break;
             }
             let addr = st.start.load(Ordering::Acquire) + (g * fs) as u64;
-            if self.zero_copy_folio(st, g, addr) == Served::Again {
+            if self.zero_copy_folio(st, g, addr, self.tracking) == Served::Again {
                 break;
             }
             self.became_resident(st, g);

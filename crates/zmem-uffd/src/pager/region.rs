@@ -590,22 +590,28 @@ impl Inner {
     /// were mapped again from `pages`, the folio's bytes: their pool entries
     /// stay as clean copies (`Tier::retain_clean`), their other entries go.
     /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
+    /// Whether a load now keeps its pages' pool entries as clean copies
+    /// (`once`: a walk's or a fork's load).
+    ///
+    /// A kept pool entry is memory beside the page it copies, charged to
+    /// the limit: kept only below the low watermark, where it costs no
+    /// eviction. (Entries in the swap file cost no memory.) A walk's
+    /// folios, and a fork's (`once`), keep theirs at any usage: they go
+    /// first (`Lru::once`), and their entries are what they will be evicted
+    /// into, so freeing one now would only cost a compression then.
+    /// Not where a controller moves the tree's limit (`zmem run
+    /// --max-slowdown`): the room under its limit is the margin it gives
+    /// the program, not spare memory, and copies kept there raised the
+    /// usage it trims the limit to (a working set of 160 MiB held 42 MiB
+    /// of them, for good).
+    pub(super) fn keeps_pool_copies(&self, once: bool) -> bool {
+        once || (self.usage() + self.cfg.folio_size <= self.low() && !self.limit_controlled())
+    }
+
     pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], once: bool) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut kept = false;
-        // A kept pool entry is memory beside the page it copies, charged to
-        // the limit: kept only below the low watermark, where it costs no
-        // eviction. (Entries in the swap file cost no memory.) A walk's
-        // folios, and a fork's (`once`), keep theirs at any usage: they go
-        // first (`Lru::once`),
-        // and their entries are what they will be evicted into, so freeing
-        // one now would only cost a compression then.
-        // Not where a controller moves the tree's limit (`zmem run
-        // --max-slowdown`): the room under its limit is the margin it gives
-        // the program, not spare memory, and copies kept there raised the
-        // usage it trims the limit to (a working set of 160 MiB held 42 MiB
-        // of them, for good).
-        let keep_pool = once || (self.usage() + self.cfg.folio_size <= self.low() && !self.limit_controlled());
+        let keep_pool = self.keeps_pool_copies(once);
         // A written-back entry is kept only where the pool could not take
         // the page anyway (`Tier::retain_clean_unless`): a hot page would
         // otherwise go back and forth between the program and its slot,
