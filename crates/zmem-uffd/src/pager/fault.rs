@@ -644,8 +644,10 @@ impl Inner {
         // in writable: a write after it costs the program no fault, and the
         // folio counts as written, in use, until the next sweep
         // (docs/benchmarks.md, "Loads that keep no copy go in writable").
-        let keeps = why == Load::Back || self.keeps_pool_copies(once) || self.tier.swap_reads() != swap_reads;
-        let wp = self.tracking && keeps;
+        // Decided once, before the COPY, and handed to `retain_pages`: the
+        // pages are write-protected wherever their pool entries are kept.
+        let keep_pool = keep && self.keeps_pool_copies(once);
+        let wp = self.tracking && (!keep || keep_pool || self.tier.swap_reads() != swap_reads);
         if self.copy_folio(st, f, bounce, &bad, skip.as_deref(), wp) == Served::Again {
             // Nothing is lost: the entries are still in the tier.
             return Served::Again;
@@ -654,9 +656,9 @@ impl Inner {
         self.counters.poisoned_pages.fetch_add(nbad, Ordering::Relaxed);
         let evicted = st.folio(f) == Folio::Evicted;
         match want {
-            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce, once),
+            None if keep && nbad == 0 => self.retain_pages(st, f, u64::MAX, bounce, (once, keep_pool)),
             None => self.invalidate_folio(st, f),
-            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce, once),
+            Some(m) if keep && nbad == 0 => self.retain_pages(st, f, m, bounce, (once, keep_pool)),
             Some(m) => {
                 for p in self.folio_pages(st, f).filter(|p| m >> (p - f * ppf) & 1 != 0) {
                     self.tier.invalidate(st.key(p));

@@ -586,10 +586,6 @@ impl Inner {
         (f * ppf..(f + 1) * ppf).filter(move |&p| !holes.as_ref().is_some_and(|h| h[p - f * ppf]))
     }
 
-    /// After pages `mask` of folio `f` (bit `i`: page `i`; `u64::MAX`: all)
-    /// were mapped again from `pages`, the folio's bytes: their pool entries
-    /// stay as clean copies (`Tier::retain_clean`), their other entries go.
-    /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
     /// Whether a load now keeps its pages' pool entries as clean copies
     /// (`once`: a walk's or a fork's load).
     ///
@@ -608,10 +604,22 @@ impl Inner {
         once || (self.usage() + self.cfg.folio_size <= self.low() && !self.limit_controlled())
     }
 
-    pub(super) fn retain_pages(&self, st: &RegionState, f: usize, mask: u64, pages: &[u8], once: bool) {
+    /// After pages `mask` of folio `f` (bit `i`: page `i`; `u64::MAX`: all)
+    /// were mapped again from `pages`, the folio's bytes: their pool entries
+    /// stay as clean copies (`Tier::retain_clean`) if `keep_pool` (the
+    /// caller's [`keeps_pool_copies`](Self::keeps_pool_copies), taken before
+    /// it mapped them), their other entries go.
+    /// Same locking as [`invalidate_folio`](Self::invalidate_folio).
+    pub(super) fn retain_pages(
+        &self,
+        st: &RegionState,
+        f: usize,
+        mask: u64,
+        pages: &[u8],
+        (once, keep_pool): (bool, bool),
+    ) {
         let ppf = self.cfg.folio_size / PAGE_SIZE;
         let mut kept = false;
-        let keep_pool = self.keeps_pool_copies(once);
         // A written-back entry is kept only where the pool could not take
         // the page anyway (`Tier::retain_clean_unless`): a hot page would
         // otherwise go back and forth between the program and its slot,
