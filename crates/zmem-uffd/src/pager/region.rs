@@ -13,7 +13,7 @@ use zmem_common::PAGE_SIZE;
 /// The folio locks of a pager, striped by region and folio.
 pub(super) const STRIPES: usize = 256;
 
-/// A region's bookkeeping: 3 bytes per folio.
+/// A region's bookkeeping: `FOLIO_TABLE_BYTES` per folio.
 #[derive(Debug)]
 pub(super) struct RegionState {
     pub(super) id: u32,
