@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// A pager under `limit` whose tier is the pool alone, at half the limit:
+/// no writeback and no swap file, so every load is a pool load.
+fn pool_only(limit: usize) -> PagerConfig {
+    let mut cfg = PagerConfig::with_limit(limit);
+    cfg.tier.writeback = false;
+    cfg.tier.swap = None;
+    cfg.tier.max_pool_percent = 50;
+    cfg
+}
+
 /// Streams cold writes through a region 6x the limit while writing a hot
 /// 1 MiB all the time; returns (hot folios reloaded, hot touches, stats).
 fn hot_refaults(track_writes: bool) -> (u64, u64, zmem_uffd::PagerStats) {
@@ -68,11 +78,8 @@ fn write_tracking_keeps_a_hot_set_resident() {
 #[test]
 fn idle_entries_are_recompressed_in_the_background_and_read_back() {
     let _wd = watchdog("recompress", 120);
-    let mut cfg = PagerConfig::with_limit(16 << 20);
+    let mut cfg = pool_only(16 << 20);
     cfg.recompress = Some("zstd".parse().unwrap());
-    cfg.tier.writeback = false;
-    cfg.tier.swap = None;
-    cfg.tier.max_pool_percent = 50;
     let p = Pager::new(cfg).unwrap();
     let r = p.map(24 << 20).unwrap();
     let pages = r.len() / PAGE_SIZE;
@@ -460,11 +467,7 @@ fn a_fault_load_that_keeps_no_clean_copy_maps_its_page_writable() {
     let _wd = watchdog("writable-load", 120);
     // Pool loads only (a load that read the swap file may keep its slot),
     // of pages that pack tightly: each holds its number and zeros.
-    let mut cfg = PagerConfig::with_limit(8 << 20);
-    cfg.tier.writeback = false;
-    cfg.tier.swap = None;
-    cfg.tier.max_pool_percent = 50;
-    let p = Pager::new(cfg).unwrap();
+    let p = Pager::new(pool_only(8 << 20)).unwrap();
     let r = p.map(32 << 20).unwrap();
     let pages = r.len() / PAGE_SIZE;
     let w = r.words();
