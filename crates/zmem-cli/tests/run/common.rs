@@ -346,6 +346,26 @@ pub(crate) fn tree_peak(dir: &Path) -> u64 {
     stats_max(dir, |v| v["tree"]["peak_usage_bytes"].as_u64())
 }
 
+/// What reclaim did, for a footprint check's message: the pager's and
+/// the tier's counters that say why usage outran the limit (reclaim
+/// starved, stores rejected, the limit soft, the pool full, writeback).
+pub(crate) fn reclaim_counters(dir: &Path) -> String {
+    const PAGER: [&str; 8] = [
+        "reclaim_passes",
+        "evicted_folios",
+        "eviction_rejects",
+        "limit_soft_events",
+        "direct_reclaim_waits",
+        "throttle_ns",
+        "held_bytes",
+        "mapping_scans",
+    ];
+    const TIER: [&str; 4] = ["pool_total_size", "pool_limit_hit", "written_back_pages", "reject_reclaim_fail"];
+    let pager = PAGER.iter().map(|k| format!("{k} {}", pager_max(dir, k)));
+    let tier = TIER.iter().map(|k| format!("{k} {}", stats_max(dir, |v| v["tier"][k].as_u64())));
+    pager.chain(tier).collect::<Vec<_>>().join(", ")
+}
+
 /// The largest value `get` reads from the stats files in `dir`.
 pub(crate) fn stats_max(dir: &Path, get: impl Fn(&serde_json::Value) -> Option<u64>) -> u64 {
     std::fs::read_dir(dir)
