@@ -192,7 +192,13 @@ static SEEN: AtomicUsize = AtomicUsize::new(0);
 /// Looks so far: a thread that woke the stats thread waits for the next.
 static LOOKS: AtomicUsize = AtomicUsize::new(0);
 /// How long a mapping that crosses the start point waits for the pager.
-const START_WAIT: Duration = Duration::from_millis(20);
+/// The start takes ~2 ms on a quiet machine, and the wait ends with it; on
+/// busy CPUs the stats thread runs late. With 20 ms, SBCL under 32M
+/// (which maps its 1 GiB heap at once, then fills it) beside three busy
+/// loops at nice -10 peaked at 32.9–37.6 MiB (mean 35.6, 9 runs): it
+/// filled its heap unmanaged until the pager's first scan. With 250 ms,
+/// 32.5–35.2 MiB (mean 33.7).
+const START_WAIT: Duration = Duration::from_millis(250);
 
 /// The program mapped `len` bytes of private anonymous memory (the shim's
 /// `mmap`, or a chunk glibc's malloc mapped and returned). Where that
