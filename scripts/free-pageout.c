@@ -41,13 +41,6 @@
 
 static volatile int stop;
 
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    must(sched_setaffinity(0, sizeof s, &s), "sched_setaffinity");
-}
-
 static void *spin(void *unused) {
     (void)unused;
     pin(1);

@@ -34,13 +34,6 @@ static volatile long moved; // folios
 static int uffd;
 static char *a, *b;
 
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    must(sched_setaffinity(0, sizeof s, &s), "sched_setaffinity");
-}
-
 static void move(char *dst, char *src) {
     struct uffdio_move_ m = {.dst = (uint64_t)dst, .src = (uint64_t)src, .len = FOLIO};
     must(ioctl(uffd, UFFDIO_MOVE_, &m), "UFFDIO_MOVE");

@@ -1,10 +1,12 @@
-// What scripts/move-vs-copy.c and scripts/move-ipi.c share. Debian's
-// headers predate UFFDIO_MOVE: its struct and number are the kernel's uapi
-// ones, written out here.
+// What scripts/move-vs-copy.c, scripts/move-ipi.c and
+// scripts/free-pageout.c share. Debian's headers predate UFFDIO_MOVE: its
+// struct and number are the kernel's uapi ones, written out here. Include
+// it after defining _GNU_SOURCE (for `pin`).
 #ifndef ZMEM_SCRIPTS_UFFD_MOVE_H
 #define ZMEM_SCRIPTS_UFFD_MOVE_H
 
 #include <linux/userfaultfd.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,14 @@ static inline double now_ns(void) {
 
 static inline void must(int r, const char *what) {
     if (r) exit((perror(what), 1));
+}
+
+// Runs the calling thread on `cpu` only.
+static inline void pin(int cpu) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    must(sched_setaffinity(0, sizeof s, &s), "sched_setaffinity");
 }
 
 #endif
