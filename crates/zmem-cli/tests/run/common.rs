@@ -346,7 +346,7 @@ pub(crate) fn tree_peak(dir: &Path) -> u64 {
     stats_max(dir, |v| v["tree"]["peak_usage_bytes"].as_u64())
 }
 
-/// What reclaim did, for a footprint check's message: the pager's and
+/// What reclaim did, for the footprint checks' messages: the pager's and
 /// the tier's counters that say why usage outran the limit (reclaim
 /// starved, stores rejected, the limit soft, the pool full, writeback).
 pub(crate) fn reclaim_counters(dir: &Path) -> String {

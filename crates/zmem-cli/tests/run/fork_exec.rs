@@ -332,7 +332,13 @@ fn each_pool_follows_its_share_of_the_tree_limit() {
     assert!(written > 0, "the pools wrote back to stay within their shares; {}", text(&o));
     assert_eq!(pager_max(&stats, "limit_soft_events"), 0, "the limit never went soft; {}", text(&o));
     let peak = tree_peak(&stats);
-    assert!(peak <= tree_slack(64 << 20), "tree usage peak {} MiB under 64M; {}", peak >> 20, text(&o));
+    assert!(
+        peak <= tree_slack(64 << 20),
+        "tree usage peak {} MiB under 64M ({}); {}",
+        peak >> 20,
+        reclaim_counters(&stats),
+        text(&o)
+    );
 }
 
 /// stress-ng's vm stressor: two forked workers, each filling and verifying

@@ -133,8 +133,9 @@ fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit(
     let peak = tree_peak(&stats);
     assert!(
         peak > 16 << 20 && peak <= tree_slack(32 << 20),
-        "tree usage peak {} MiB under 32M; {}",
+        "tree usage peak {} MiB under 32M ({}); {}",
         peak >> 20,
+        reclaim_counters(&stats),
         text(&o)
     );
 }

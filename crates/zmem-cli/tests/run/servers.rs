@@ -507,7 +507,11 @@ fn memcached_threads_store_and_serve_every_value_under_a_third_of_their_size() {
     let evicted = pager_max(&stats, "evicted_folios");
     assert!(evicted > 1000, "evicted {evicted} folios: memcached's slabs were not managed; {}", text(&o));
     let peak = tree_peak(&stats);
-    assert!(peak > 0 && peak <= tree_slack(24 << 20), "the tree's peak usage {peak} B is off its 24 MiB limit");
+    assert!(
+        peak > 0 && peak <= tree_slack(24 << 20),
+        "the tree's peak usage {peak} B is off its 24 MiB limit ({})",
+        reclaim_counters(&stats)
+    );
 }
 
 /// OpenSSH's server, a forking server that sandboxes its
