@@ -103,7 +103,7 @@ impl PageMap {
         let mut zero = vec![false; n];
         let mut buf = vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 32];
         let categories = uapi::PAGE_IS_PFNZERO | uapi::PAGE_IS_PRESENT;
-        let scan = Scan { flags: 0, categories, returned: uapi::PAGE_IS_PFNZERO };
+        let scan = Scan { flags: 0, categories, returned: uapi::PAGE_IS_PFNZERO, max_pages: 0 };
         // SAFETY: without WP flags PAGEMAP_SCAN only reads page tables.
         unsafe {
             pm_scan(&self.fd, &mut buf, addr..end, scan, &mut |a, b| {
@@ -143,7 +143,10 @@ fn open_pagemap() -> Result<zmem_common::host::fds::KeptFd, UffdError> {
 #[derive(Debug)]
 pub struct WriteTracker {
     pagemap: zmem_common::host::fds::KeptFd,
-    buf: Vec<uapi::page_region>,
+    /// A look's answer: the first written range.
+    buf: [uapi::page_region; 1],
+    /// A sweep's list (see `protect_written`).
+    sweep_buf: Vec<uapi::page_region>,
 }
 
 impl WriteTracker {
@@ -151,7 +154,8 @@ impl WriteTracker {
     /// opening `/proc/self/pagemap`.
     pub fn open() -> Result<WriteTracker, UffdError> {
         let pagemap = open_pagemap()?;
-        Ok(WriteTracker { pagemap, buf: vec![uapi::page_region { start: 0, end: 0, categories: 0 }; 512] })
+        let empty = uapi::page_region { start: 0, end: 0, categories: 0 };
+        Ok(WriteTracker { pagemap, buf: [empty], sweep_buf: vec![empty; 512] })
     }
 
     /// Write-protects again the pages of `[start, end)` written since they
@@ -168,29 +172,36 @@ impl WriteTracker {
     /// hold them: over ten minutes of system time over LuaJIT's 128 GiB
     /// reservation).
     ///
+    /// It asks for the list of what it protected, though nothing reads it:
+    /// without a list (`vec` null) the kernel takes its fast path for
+    /// exclusive write-protection, which ignores the categories and plants
+    /// markers in the holes too (6.18's `pagemap_scan_pmd_entry`).
+    ///
     /// # Errors
     /// The ioctl's error.
     pub fn protect_written(&mut self, start: u64, end: u64) -> Result<(), UffdError> {
         let flags = uapi::PM_SCAN_WP_MATCHING;
         let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
-        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
+        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN, max_pages: 0 };
         // SAFETY: the scan's only effect besides reading page tables is
         // write-protecting present pages of [start, end) registered with
         // WP_ASYNC (others are skipped: no PM_SCAN_CHECK_WPASYNC), which
         // the uffd then unprotects on write by itself.
-        unsafe { pm_scan(&self.pagemap, &mut self.buf, start..end, scan, &mut |_, _| {}) }
+        unsafe { pm_scan(&self.pagemap, &mut self.sweep_buf, start..end, scan, &mut |_, _| {}) }
     }
 
     /// Whether any page of `[start, end)` was written since it was last
     /// write-protected ([`WriteTracker::protect_written`]). Only a look: no page table
-    /// changes, so no TLB flush.
+    /// changes, so no TLB flush. The walk ends at the first written page,
+    /// and the kernel's copy of the answer is one entry: a list of 512 is a
+    /// 12 KiB allocation in every call, and reclaim makes one call a look.
     ///
     /// # Errors
     /// The ioctl's error (EPERM if the range is not WP_ASYNC-registered).
     pub fn written(&mut self, start: u64, end: u64) -> Result<bool, UffdError> {
         let flags = uapi::PM_SCAN_CHECK_WPASYNC;
         let categories = uapi::PAGE_IS_WRITTEN | uapi::PAGE_IS_PRESENT;
-        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN };
+        let scan = Scan { flags, categories, returned: uapi::PAGE_IS_WRITTEN, max_pages: 1 };
         let mut any = false;
         // SAFETY: without PM_SCAN_WP_MATCHING the scan only reads page
         // tables.
@@ -204,16 +215,18 @@ impl WriteTracker {
 }
 
 /// What a `PAGEMAP_SCAN` asks for: its flags, the categories a page must
-/// have, and those reported.
+/// have, those reported, and how many pages to find at most (0: all).
 #[derive(Debug, Clone, Copy)]
 struct Scan {
     flags: u32,
     categories: u32,
     returned: u32,
+    max_pages: u64,
 }
 
 /// `PAGEMAP_SCAN` over `range` of `/proc/self/pagemap` (`fd`), in as many
-/// calls as `buf` needs; `f` gets each matching range.
+/// calls as `buf` needs, or until `scan.max_pages` pages were found; `f`
+/// gets each matching range.
 ///
 /// # Safety
 /// With `flags` that write-protect, the caller answers for what that does
@@ -235,7 +248,7 @@ unsafe fn pm_scan(
             walk_end: 0,
             vec: buf.as_mut_ptr() as u64,
             vec_len: buf.len() as u64,
-            max_pages: 0,
+            max_pages: scan.max_pages,
             category_inverted: 0,
             category_mask: u64::from(scan.categories),
             category_anyof_mask: 0,
@@ -250,9 +263,14 @@ unsafe fn pm_scan(
         // Updater discards: the buffer is zeroed after use, so the filled
         // regions are the non-empty prefix.
         r.map_err(WriteTracker::err(at, end - at))?;
+        let mut found = 0;
         for reg in buf.iter_mut().take_while(|r| r.end > r.start) {
             f(reg.start, reg.end);
+            found += (reg.end - reg.start) / PAGE_SIZE as u64;
             *reg = uapi::page_region { start: 0, end: 0, categories: 0 };
+        }
+        if scan.max_pages != 0 && found >= scan.max_pages {
+            break;
         }
         if a.walk_end >= end || a.walk_end <= at {
             break;

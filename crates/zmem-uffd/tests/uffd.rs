@@ -169,6 +169,76 @@ fn a_write_protected_page_blocks_the_writer_until_unprotected() {
     assert_eq!(m.words()[2].load(Ordering::Relaxed), 42);
 }
 
+/// Write tracking as reclaim uses it (`WriteTracker`, UFFD WP_ASYNC): a
+/// sweep protects every written page of a range, more runs of them than a
+/// scan's list holds, and leaves its holes as they were, so that a write
+/// there is still a MISSING fault for the pager; a look finds a range
+/// written if any page of it was written since, and not otherwise.
+#[test]
+fn a_sweep_protects_every_written_page_and_a_look_sees_each_write_after_it() {
+    let _wd = watchdog("a_sweep_protects_every_written_page_and_a_look_sees_each_write_after_it", 60);
+    let u = uffd(Features::WP_ASYNC);
+    let pages = 4096;
+    let m = Mapping::new(pages * PAGE_SIZE).unwrap();
+    let w = m.words();
+    let words = PAGE_SIZE / 8;
+    let hole = |pg: usize| pg % 4 == 3;
+    // Present before registration, but for the holes: no fault needs
+    // serving until a hole is touched.
+    for pg in (0..pages).filter(|&pg| !hole(pg)) {
+        w[pg * words].store(pg as u64, Ordering::Relaxed);
+    }
+    u.register(m.addr(), m.len() as u64, RegisterMode { missing: true, wp: true }).unwrap();
+    let mut t = zmem_uffd::WriteTracker::open().unwrap();
+    let (start, end) = (m.addr(), m.addr() + m.len() as u64);
+    let page = |pg: usize| (m.addr() + (pg * PAGE_SIZE) as u64, m.addr() + ((pg + 1) * PAGE_SIZE) as u64);
+    // A hole's pagemap entry is all zeros: no uffd-wp marker (bit 57),
+    // which would turn reclaim's MOVE over it into a failure.
+    let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let holes_unmarked = || {
+        (0..pages).filter(|&pg| hole(pg) && pg != 3).all(|pg| {
+            let mut e = [0u8; 8];
+            std::os::unix::fs::FileExt::read_exact_at(&pagemap, &mut e, page(pg).0 / PAGE_SIZE as u64 * 8).unwrap();
+            u64::from_ne_bytes(e) == 0
+        })
+    };
+    assert!(t.written(start, end).unwrap(), "never protected: every page reads as written");
+    t.protect_written(start, end).unwrap();
+    assert!(!t.written(start, end).unwrap(), "the sweep left a page unprotected");
+    assert!(holes_unmarked(), "the sweep marked holes");
+    // Every other page: 2,048 runs, four times what a 512-entry list holds.
+    for pg in (0..pages).step_by(2) {
+        w[pg * words + 1].store(1, Ordering::Relaxed);
+    }
+    for pg in 0..pages {
+        let (a, b) = page(pg);
+        assert_eq!(t.written(a, b).unwrap(), pg % 2 == 0, "page {pg}");
+    }
+    // A write into a hole after the sweep reaches the pager as a MISSING
+    // fault, and its COPY goes in.
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| w[3 * words + 2].store(7, Ordering::Relaxed));
+        let Event::PageFault { addr, write, wp, .. } = next_event(&u) else { panic!("expected a fault") };
+        assert!(write && !wp && addr & !(PAGE_SIZE as u64 - 1) == page(3).0, "{addr:#x} {write} {wp}");
+        let data = vec![0u8; PAGE_SIZE];
+        // SAFETY: the destination is the registered hole; data is a page.
+        unsafe { u.copy(page(3).0, data.as_ptr(), PAGE_SIZE as u64, false) }.unwrap();
+        writer.join().unwrap();
+    });
+    t.protect_written(start, end).unwrap();
+    assert!(!t.written(start, end).unwrap(), "the second sweep left a page unprotected");
+    assert!(holes_unmarked(), "the second sweep marked holes");
+    // The whole range's look finds its one written page, near its end.
+    w[(pages - 2) * words + 2].store(1, Ordering::Relaxed);
+    assert!(t.written(start, end).unwrap());
+    assert!(!t.written(start, page(pages - 3).1).unwrap());
+    for pg in (0..pages).filter(|&pg| !hole(pg)) {
+        assert_eq!(w[pg * words].load(Ordering::Relaxed), pg as u64, "page {pg}");
+        assert_eq!(w[pg * words + 1].load(Ordering::Relaxed), u64::from(pg % 2 == 0), "page {pg}");
+    }
+    assert_eq!(w[3 * words + 2].load(Ordering::Relaxed), 7);
+}
+
 #[test]
 fn madvise_munmap_and_mremap_are_reported() {
     let _wd = watchdog("madvise_munmap_and_mremap_are_reported", 60);
