@@ -189,6 +189,22 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int }
 }
 
+/// `mprotect`: a range made readable and writable (a runtime committing
+/// part of a `PROT_NONE` reservation: V8's heap, 256 KiB at a time) is
+/// adopted at once (`Pager::adopt_committed`), before the program fills
+/// it, rather than by the next scan.
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    // SAFETY: the kernel's mprotect with the caller's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } as c_int;
+    if r == 0 && prot == libc::PROT_READ | libc::PROT_WRITE && wants(len) {
+        if let Some(s) = current().filter(|s| s.settings.adopt) {
+            guarded(|| s.pager.adopt_committed(addr as u64, len));
+        }
+    }
+    r
+}
+
 /// `mlock`: locked memory is never managed (the kernel never reclaims it
 /// either), so the range is recorded before any scan can adopt it. Memory
 /// already managed stays so (its pages, faulted in by the lock, cannot be

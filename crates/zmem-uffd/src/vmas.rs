@@ -150,61 +150,79 @@ pub fn mappings_in(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
 
 fn query_all(fd: BorrowedFd<'_>) -> Result<Vec<Vma>, Errno> {
     let mut out = Vec::new();
-    let mut name = [0u8; 64];
     let mut at = 0u64;
-    loop {
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_flags: QUERY_COVERING_OR_NEXT_VMA,
-            query_addr: at,
-            vma_name_size: name.len() as u32,
-            vma_name_addr: name.as_mut_ptr() as u64,
-            ..ProcmapQuery::default()
-        };
-        // SAFETY: PROCMAP_QUERY reads and writes one procmap_query, and
-        // writes at most vma_name_size bytes at vma_name_addr (`name`,
-        // alive across the call); build_id_size is 0, so no build id.
-        let n = match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
-            Ok(()) => (q.vma_name_size as usize).saturating_sub(1).min(name.len()),
-            Err(Errno::NOENT) => return Ok(out),
-            // A name longer than the buffer is a file's path (a program or
-            // library installed deep, a clone in a long directory): the
-            // mapping is listed all the same, without it. Skipped, it hid
-            // the file mapping an ELF object's .bss follows, and the .bss
-            // was taken for the program's own memory.
-            Err(Errno::NAMETOOLONG) => {
-                q = ProcmapQuery {
-                    size: std::mem::size_of::<ProcmapQuery>() as u64,
-                    query_flags: QUERY_COVERING_OR_NEXT_VMA,
-                    query_addr: at,
-                    ..ProcmapQuery::default()
-                };
-                // SAFETY: as above, with no name and no build id asked for.
-                match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
-                    Ok(()) => 0,
-                    Err(Errno::NOENT) => return Ok(out),
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        out.push(Vma {
-            // A mapping that grew down over what was listed already (the
-            // program changes its mappings as we read them) starts where
-            // the last one ended: the list never overlaps itself.
-            start: q.vma_start.max(at),
-            end: q.vma_end,
-            readable: q.vma_flags & VMA_READABLE != 0,
-            writable: q.vma_flags & VMA_WRITABLE != 0,
-            shared: q.vma_flags & VMA_SHARED != 0,
-            file: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
-            dev: (q.dev_major, q.dev_minor),
-            inode: q.inode,
-            offset: q.vma_offset,
-            name: String::from_utf8_lossy(&name[..n]).into_owned(),
-        });
-        at = q.vma_end;
+    while let Some(mut v) = query(fd, at, QUERY_COVERING_OR_NEXT_VMA)? {
+        // A mapping that grew down over what was listed already (the
+        // program changes its mappings as we read them) starts where the
+        // last one ended: the list never overlaps itself.
+        v.start = v.start.max(at);
+        at = v.end;
+        out.push(v);
     }
+    Ok(out)
+}
+
+/// The mapping that covers `addr` (`PROCMAP_QUERY`; with
+/// `QUERY_COVERING_OR_NEXT_VMA` in `flags`, or else the next one); `None`
+/// where there is none.
+fn query(fd: BorrowedFd<'_>, at: u64, flags: u64) -> Result<Option<Vma>, Errno> {
+    let mut name = [0u8; 64];
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_flags: flags,
+        query_addr: at,
+        vma_name_size: name.len() as u32,
+        vma_name_addr: name.as_mut_ptr() as u64,
+        ..ProcmapQuery::default()
+    };
+    // SAFETY: PROCMAP_QUERY reads and writes one procmap_query, and
+    // writes at most vma_name_size bytes at vma_name_addr (`name`,
+    // alive across the call); build_id_size is 0, so no build id.
+    let n = match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
+        Ok(()) => (q.vma_name_size as usize).saturating_sub(1).min(name.len()),
+        Err(Errno::NOENT) => return Ok(None),
+        // A name longer than the buffer is a file's path (a program or
+        // library installed deep, a clone in a long directory): the
+        // mapping is listed all the same, without it. Skipped, it hid
+        // the file mapping an ELF object's .bss follows, and the .bss
+        // was taken for the program's own memory.
+        Err(Errno::NAMETOOLONG) => {
+            q = ProcmapQuery {
+                size: std::mem::size_of::<ProcmapQuery>() as u64,
+                query_flags: flags,
+                query_addr: at,
+                ..ProcmapQuery::default()
+            };
+            // SAFETY: as above, with no name and no build id asked for.
+            match unsafe { call::<PROCMAP_QUERY, _>(fd, &mut q) } {
+                Ok(()) => 0,
+                Err(Errno::NOENT) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Some(Vma {
+        start: q.vma_start,
+        end: q.vma_end,
+        readable: q.vma_flags & VMA_READABLE != 0,
+        writable: q.vma_flags & VMA_WRITABLE != 0,
+        shared: q.vma_flags & VMA_SHARED != 0,
+        file: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
+        dev: (q.dev_major, q.dev_minor),
+        inode: q.inode,
+        offset: q.vma_offset,
+        name: String::from_utf8_lossy(&name[..n]).into_owned(),
+    }))
+}
+
+/// The mapping that covers `addr`, from `fd` ([`open_maps`]) by
+/// `PROCMAP_QUERY` alone: one ioctl, where [`mappings_in`] lists them all.
+///
+/// # Errors
+/// The query's (ENOTTY on a kernel without it, before 6.11).
+pub fn mapping_at(fd: BorrowedFd<'_>, addr: u64) -> Result<Option<Vma>, Errno> {
+    Ok(query(fd, addr, 0)?.filter(|v| v.start <= addr && addr < v.end))
 }
 
 /// The kernel's mapping that covers `addr`, as `(start, end)`, read from

@@ -140,6 +140,31 @@ fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit(
     );
 }
 
+/// A runtime that reserves its heap `PROT_NONE` and commits it piece by
+/// piece with `mprotect` (V8, 256 KiB at a time) has each piece adopted as
+/// it is committed (`Pager::adopt_committed`), not by a scan that finds it
+/// filled: tests/data/commit.c commits and fills 256 MiB so under 32M, and
+/// peaked at 174 MiB before.
+#[test]
+fn a_reservation_committed_by_mprotect_is_managed_as_it_is_committed() {
+    let exe = compile_c("commit");
+    let stats = tmpdir("commit-stats");
+    let args = ["run", "--limit", "32M", "--", exe.to_str().unwrap(), "256"];
+    let o = zmem(&args, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "20")], 120);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1024 pieces, 0 bad words"), "{}", text(&o));
+    let evicted = pager_max(&stats, "evicted_folios");
+    assert!(evicted > 2048, "evicted {evicted} folios; {}", text(&o));
+    let peak = tree_peak(&stats);
+    assert!(
+        peak > 16 << 20 && peak <= tree_slack(32 << 20),
+        "tree usage peak {} MiB under 32M ({}); {}",
+        peak >> 20,
+        reclaim_counters(&stats),
+        text(&o)
+    );
+}
+
 /// Under `ulimit -v` the program runs and is managed: zmem's heap holds
 /// little address space (it reserved 128 GiB up front, so the shim's first
 /// allocation under `ulimit -v 8000000` aborted every program, and a bash

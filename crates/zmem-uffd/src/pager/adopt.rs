@@ -101,6 +101,43 @@ impl Pager {
         self.inner.adopt_range(addr, len)
     }
 
+    /// The program made `[addr, addr + len)` readable and writable with
+    /// `mprotect`: a runtime committing the next part of a reservation it
+    /// mapped `PROT_NONE` (V8 grows its heap so, 256 KiB at a time). Adopted
+    /// now, before the program fills it; a scan would find it filled, up to
+    /// an interval later (tests/data/commit.c, 256 MiB committed and filled
+    /// so under `--limit 32M`, peaked at 174 MiB).
+    ///
+    /// Only what a scan would adopt, and only where one query of the
+    /// mapping tells: a private anonymous mapping, not a stack, not zmem's,
+    /// not one right after a file's mapping (an object's .bss may be there;
+    /// the scan reads the object's headers). Everything else, and a range
+    /// a region has part of, is left to the next scan.
+    pub fn adopt_committed(&self, addr: u64, len: usize) {
+        let inner = &self.inner;
+        let Some(cfg) = inner.cfg.adopt.as_ref() else { return };
+        if len < cfg.threshold
+            || !inner.adopting.load(Ordering::Relaxed)
+            || inner.fork.frozen.load(Ordering::Acquire)
+            || !inner.threads_running()
+        {
+            return;
+        }
+        let Ok(fd) = inner.maps() else { return };
+        let Ok(Some(v)) = vmas::mapping_at(fd, addr) else { return };
+        if !v.is_private_anon_rw() || v.is_stack() {
+            return;
+        }
+        let after_file = v.start > 0 && matches!(vmas::mapping_at(fd, v.start - 1), Ok(Some(p)) if p.file);
+        let (a, b) = (addr.max(v.start), (addr + len as u64).min(v.end));
+        if after_file || a >= b || !owned::overlapping(a, b).is_empty() {
+            return;
+        }
+        if let Err(e) = inner.adopt_range(a, (b - a) as usize) {
+            log::debug!("adopting {a:#x}..{b:#x} as it was committed failed: {e}");
+        }
+    }
+
     /// No scan adopts anything from now on (the program called `mlockall`:
     /// whatever it maps is locked). What is managed stays managed.
     pub fn stop_adopting(&self) {
