@@ -121,13 +121,23 @@ fn vectors_grown_by_mremap_keep_every_word_as_regions_split_and_move() {
 /// than a few reclaim batches over the limit.
 #[test]
 fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit() {
-    let exe = compile_c("brk");
     let swap = tmpdir("brk-swap");
-    let stats = tmpdir("brk-stats");
-    let args = ["run", "--limit", "32M", "--swapfile", swap.to_str().unwrap(), "--", exe.to_str().unwrap(), "256"];
+    fills_256m_under_32m("brk", &["--swapfile", swap.to_str().unwrap()], "4096 blocks, 0 bad words");
+}
+
+/// Runs `tests/data/NAME.c 256` (256 MiB filled, then every word checked)
+/// under `zmem run --limit 32M` with `run_args`: it prints `want`, evicts
+/// more than half of what it filled, and the tree's usage peaks within the
+/// limit's slack.
+fn fills_256m_under_32m(name: &str, run_args: &[&str], want: &str) {
+    let exe = compile_c(name);
+    let stats = tmpdir(&format!("{name}-stats"));
+    let mut args = vec!["run", "--limit", "32M"];
+    args.extend_from_slice(run_args);
+    args.extend(["--", exe.to_str().unwrap(), "256"]);
     let o = zmem(&args, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "20")], 120);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("4096 blocks, 0 bad words"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(want), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");
     assert!(evicted > 2048, "evicted {evicted} folios; {}", text(&o));
     let peak = tree_peak(&stats);
@@ -147,22 +157,7 @@ fn the_heap_grown_by_sbrk_is_managed_as_it_grows_and_usage_stays_near_the_limit(
 /// peaked at 174 MiB before.
 #[test]
 fn a_reservation_committed_by_mprotect_is_managed_as_it_is_committed() {
-    let exe = compile_c("commit");
-    let stats = tmpdir("commit-stats");
-    let args = ["run", "--limit", "32M", "--", exe.to_str().unwrap(), "256"];
-    let o = zmem(&args, &[("ZMEM_STATS_DIR", stats.to_str().unwrap()), ("ZMEM_STATS_INTERVAL_MS", "20")], 120);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("1024 pieces, 0 bad words"), "{}", text(&o));
-    let evicted = pager_max(&stats, "evicted_folios");
-    assert!(evicted > 2048, "evicted {evicted} folios; {}", text(&o));
-    let peak = tree_peak(&stats);
-    assert!(
-        peak > 16 << 20 && peak <= tree_slack(32 << 20),
-        "tree usage peak {} MiB under 32M ({}); {}",
-        peak >> 20,
-        reclaim_counters(&stats),
-        text(&o)
-    );
+    fills_256m_under_32m("commit", &[], "1024 pieces, 0 bad words");
 }
 
 /// Under `ulimit -v` the program runs and is managed: zmem's heap holds
