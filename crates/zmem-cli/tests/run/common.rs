@@ -346,6 +346,23 @@ pub(crate) fn tree_peak(dir: &Path) -> u64 {
     stats_max(dir, |v| v["tree"]["peak_usage_bytes"].as_u64())
 }
 
+/// The tree's peak usage from the stats files in `dir`, checked to lie
+/// over `floor` (the program was managed) and within `limit` and its
+/// [`tree_slack`]. A failure names reclaim's counters, then `context`
+/// (the program's output, as `text` gives it).
+pub(crate) fn assert_tree_peak_within(dir: &Path, floor: u64, limit: u64, context: &str) -> u64 {
+    let peak = tree_peak(dir);
+    assert!(
+        peak > floor && peak <= tree_slack(limit),
+        "the tree's peak usage {} KiB is off {} MiB (over {} KiB, within a quarter more); {}; {context}",
+        peak >> 10,
+        limit >> 20,
+        floor >> 10,
+        reclaim_counters(dir)
+    );
+    peak
+}
+
 /// What reclaim did, for the footprint checks' messages: the pager's and
 /// the tier's counters that say why usage outran the limit (reclaim
 /// starved, stores rejected, the limit soft, the pool full, writeback).

@@ -140,14 +140,7 @@ fn fills_256m_under_32m(name: &str, run_args: &[&str], want: &str) {
     assert!(String::from_utf8_lossy(&o.stdout).contains(want), "{}", text(&o));
     let evicted = pager_max(&stats, "evicted_folios");
     assert!(evicted > 2048, "evicted {evicted} folios; {}", text(&o));
-    let peak = tree_peak(&stats);
-    assert!(
-        peak > 16 << 20 && peak <= tree_slack(32 << 20),
-        "tree usage peak {} MiB under 32M ({}); {}",
-        peak >> 20,
-        reclaim_counters(&stats),
-        text(&o)
-    );
+    assert_tree_peak_within(&stats, 16 << 20, 32 << 20, &text(&o));
 }
 
 /// A runtime that reserves its heap `PROT_NONE` and commits it piece by

@@ -122,14 +122,7 @@ fn sbcls_executable_heap_after_its_core_is_managed() {
     let o = run_checked("sbcl", "32M", &cmd, &env, "sbcl entries 500000 bad 0", 240);
     let (evicted, unevictable) = (pager_max(&stats, "evicted_folios"), pager_max(&stats, "unevictable_folios"));
     assert!(evicted > 2048 && unevictable == 0, "evicted {evicted}, unevictable {unevictable}; {}", text(&o));
-    let peak = tree_peak(&stats);
-    assert!(
-        peak <= tree_slack(32 << 20),
-        "peak {} MiB over a 32M limit ({}); {}",
-        peak >> 20,
-        reclaim_counters(&stats),
-        text(&o)
-    );
+    assert_tree_peak_within(&stats, 0, 32 << 20, &text(&o));
 }
 
 /// sqlite3 keeps an in-memory database in glibc's heap (brk and arenas),
