@@ -27,7 +27,8 @@
 //! from the pool would do, `swap_fault_extra` pool faults more, as the
 //! handlers time the two. The share moves one step at a time between the
 //! configured bounds: up, every `BALANCE_INTERVAL`, when the swap
-//! refaults weigh more than the refaults; down, at most every
+//! refaults weigh more than the refaults and the pool fills its share to
+//! within a step (`fills`); down, at most every
 //! `SHRINK_INTERVAL`, when the refaults weigh more than the swap refaults
 //! and cold pool loads together since the last time it could. Misses from
 //! further back count for no side: a walk over several times what memory
@@ -99,6 +100,22 @@ pub(super) fn swap_fault_extra(pool: (u64, u64), swap: (u64, u64)) -> f64 {
 /// swap file costs ~10 of the pool's, at 50% (docs/experiments.md).
 pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
     swap_faults >= QUIET && extra * swap_faults as f64 > refaults as f64
+}
+
+/// Whether the pool, filling `used` percent of the limit, fills its share
+/// of `percent` to within a step: a step up gives it room only then. Swap
+/// refaults while it holds less are of pages written back before, when
+/// the share was lower, and a share raised above what the pool holds
+/// takes nothing from resident pages until the pool grows into it, but
+/// then the rule down must bring it back a step a second. On
+/// `scripts/node-random.js` under 200M the share went from 10% to 65-80%
+/// in the first second (V8's collections read back what the build had
+/// written back), while the pool reached 34%, and came back to the floor
+/// only 5-7 s later, near the run's end; the cut to the pool's level took
+/// the run from 15.2 to 11.4 s on average over six alternated pairs
+/// (docs/benchmarks.md, 2026-12-07).
+pub(super) fn fills(percent: u32, used: u32) -> bool {
+    used + BALANCE_STEP >= percent
 }
 
 /// Whether it should shrink, after `refaults` refaults and, of the misses
@@ -275,13 +292,13 @@ impl Inner {
         }
         let percent = self.pool_percent();
         let extra = swap_fault_extra(now.pool, now.swap);
-        let next = if grows(short.refaults, swap_faults, extra) {
+        let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
+        let next = if fills(percent, used) && grows(short.refaults, swap_faults, extra) {
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             (percent + BALANCE_STEP).min(max)
         } else if b.shrink_at.elapsed() >= SHRINK_INTERVAL {
             let long = now.since(b.shrink_last);
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
-            let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
             let faults = |pages| as_faults(pages, long.loads, long.load_faults());
             log::debug!(
                 "pool share {percent}% (pool {used}%), over 1 s in faults: refaults {} swap {} cold {} (pages: {} {}; loads {} in {} faults); µs a fault: pool {:.1} swap {:.1} (a swap fault weighs {extra:.1}); µs a page stored {:.1}",
@@ -325,6 +342,16 @@ mod tests {
         assert!(!grows(250, 100, 2.0));
         assert!(grows(250, 100, 9.0));
         assert!(!grows(0, QUIET - 1, 32.0));
+    }
+
+    #[test]
+    fn the_share_grows_only_when_the_pool_fills_it_to_within_a_step() {
+        assert!(fills(10, 10));
+        assert!(fills(10, 5));
+        assert!(!fills(10, 4));
+        assert!(!fills(65, 34));
+        assert!(fills(5, 0), "at the floor a step is all the pool could want");
+        assert!(fills(30, 40), "a pool over its share, writing back");
     }
 
     #[test]
