@@ -190,6 +190,11 @@ pub fn process_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
+/// The CPU time the calling thread has run, ns (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
 /// The CPU time each of zmem's running threads ([`ours`]) has run, ns,
 /// keyed by thread id: read from each thread's CPU clock, so that no file
 /// is opened (a program that closed its standard streams expects them back
