@@ -28,7 +28,7 @@
 //! handlers time the two. The share moves one step at a time between the
 //! configured bounds: up, every `BALANCE_INTERVAL`, when the swap
 //! refaults weigh more than the refaults and the pool fills its share to
-//! within a step (`fills`); down, at most every
+//! within a step or wrote back since the last look (`fills`); down, at most every
 //! `SHRINK_INTERVAL`, when the refaults weigh more than the swap refaults
 //! and cold pool loads together since the last time it could. Misses from
 //! further back count for no side: a walk over several times what memory
@@ -103,7 +103,10 @@ pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
 }
 
 /// Whether the pool, filling `used` percent of the limit, fills its share
-/// of `percent` to within a step: a step up gives it room only then. Swap
+/// of `percent` to within a step: a step up gives it room only then, or
+/// when it wrote back since the last look (a pool that writes back sits
+/// below its share by what loads took out since: 40% under a 50% share in
+/// the pager's uniform random reads, whose share then never grew). Swap
 /// refaults while it holds less are of pages written back before, when
 /// the share was lower, and a share raised above what the pool holds
 /// takes nothing from resident pages until the pool grows into it, but
@@ -180,6 +183,8 @@ pub(super) struct Balance {
     last_at: Instant,
     shrink_at: Instant,
     shrink_last: Misses,
+    /// The tier's `written_back_pages` at the last look.
+    written_back: u64,
 }
 
 /// The counters the balance reads: refaults within a step, swap refaults
@@ -229,6 +234,7 @@ impl Balance {
             last_at: Instant::now(),
             shrink_at: Instant::now(),
             shrink_last: Misses::default(),
+            written_back: 0,
         }
     }
 }
@@ -293,7 +299,10 @@ impl Inner {
         let percent = self.pool_percent();
         let extra = swap_fault_extra(now.pool, now.swap);
         let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
-        let next = if fills(percent, used) && grows(short.refaults, swap_faults, extra) {
+        // Writeback since the last look: the pool was at its share.
+        let wrote_back = s.written_back_pages > b.written_back;
+        b.written_back = s.written_back_pages;
+        let next = if (wrote_back || fills(percent, used)) && grows(short.refaults, swap_faults, extra) {
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             (percent + BALANCE_STEP).min(max)
         } else if b.shrink_at.elapsed() >= SHRINK_INTERVAL {
