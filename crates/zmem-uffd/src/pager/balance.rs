@@ -104,7 +104,7 @@ pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
 
 /// Whether the pool, filling `used` percent of the limit, fills its share
 /// of `percent` to within a step: a step up gives it room only then, or
-/// when it wrote back since the last look (a pool that writes back sits
+/// when it wrote back since the last look (`wrote_back`) (a pool that writes back sits
 /// below its share by what loads took out since: 40% under a 50% share in
 /// the pager's uniform random reads, whose share then never grew). Swap
 /// refaults while it holds less are of pages written back before, when
@@ -117,8 +117,8 @@ pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
 /// only 5-7 s later, near the run's end; the cut to the pool's level took
 /// the run from 15.2 to 11.4 s on average over six alternated pairs
 /// (docs/benchmarks.md, 2026-12-07).
-pub(super) fn fills(percent: u32, used: u32) -> bool {
-    used + BALANCE_STEP >= percent
+pub(super) fn fills(percent: u32, used: u32, wrote_back: bool) -> bool {
+    wrote_back || used + BALANCE_STEP >= percent
 }
 
 /// Whether it should shrink, after `refaults` refaults and, of the misses
@@ -299,10 +299,9 @@ impl Inner {
         let percent = self.pool_percent();
         let extra = swap_fault_extra(now.pool, now.swap);
         let used = (s.pool_total_size as usize * 100 / self.limit().max(1)) as u32;
-        // Writeback since the last look: the pool was at its share.
         let wrote_back = s.written_back_pages > b.written_back;
         b.written_back = s.written_back_pages;
-        let next = if (wrote_back || fills(percent, used)) && grows(short.refaults, swap_faults, extra) {
+        let next = if fills(percent, used, wrote_back) && grows(short.refaults, swap_faults, extra) {
             (b.shrink_at, b.shrink_last) = (Instant::now(), now);
             (percent + BALANCE_STEP).min(max)
         } else if b.shrink_at.elapsed() >= SHRINK_INTERVAL {
@@ -355,12 +354,13 @@ mod tests {
 
     #[test]
     fn the_share_grows_only_when_the_pool_fills_it_to_within_a_step() {
-        assert!(fills(10, 10));
-        assert!(fills(10, 5));
-        assert!(!fills(10, 4));
-        assert!(!fills(65, 34));
-        assert!(fills(5, 0), "at the floor a step is all the pool could want");
-        assert!(fills(30, 40), "a pool over its share, writing back");
+        assert!(fills(10, 10, false));
+        assert!(fills(10, 5, false));
+        assert!(!fills(10, 4, false));
+        assert!(!fills(65, 34, false));
+        assert!(fills(5, 0, false), "at the floor a step is all the pool could want");
+        assert!(fills(30, 40, false), "a pool over its share");
+        assert!(fills(50, 40, true), "a pool that wrote back, loads having taken entries out since");
     }
 
     #[test]
