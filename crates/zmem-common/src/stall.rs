@@ -208,17 +208,17 @@ mod tests {
         let (zmem_before, program_before) = zmem_part(&mut m);
         // A zmem thread (listed in `ours`) that runs 50 ms: zmem's. It is
         // sampled while it still runs, once it has.
-        let (ran, sampled) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
-        let (ran_tx, sampled_rx) = (ran.0, sampled.1);
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel();
+        let (sampled_tx, sampled_rx) = std::sync::mpsc::channel::<()>();
         let t = crate::host::thread::spawn(std::thread::Builder::new().name("zmem-stats".into()), move || {
             spin_cpu_ms(50);
             ran_tx.send(()).unwrap();
             let _ = sampled_rx.recv();
         })
         .unwrap();
-        ran.1.recv().unwrap();
+        ran_rx.recv().unwrap();
         let (zmem_mid, _) = zmem_part(&mut m);
-        sampled.0.send(()).unwrap();
+        sampled_tx.send(()).unwrap();
         t.join().unwrap();
         assert!(zmem_mid - zmem_before >= 45_000_000, "{} ms of zmem's", (zmem_mid - zmem_before) / 1_000_000);
         // This thread runs 50 ms: the program's.

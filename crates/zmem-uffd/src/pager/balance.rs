@@ -21,22 +21,21 @@
 //!   less pool would have written it back, and it would have been a swap
 //!   refault.
 //!
-//! Each kind is weighed by what it costs, all counted in faults: a
-//! refault, one fault from the pool where a resident page cost nothing; a
-//! swap refault or a cold pool load, a fault from the swap file where one
-//! from the pool would do, `swap_fault_extra` pool faults more, as the
-//! handlers time the two. The share moves one step at a time between the
-//! configured bounds: up, every `BALANCE_INTERVAL`, when the swap
-//! refaults weigh more than the refaults and the pool fills its share to
-//! within a step or wrote back since the last look (`fills`); down, at most every
-//! `SHRINK_INTERVAL`, when the refaults weigh more than the swap refaults
-//! and cold pool loads together since the last time it could. Misses from
-//! further back count for no side: a walk over several times what memory
-//! holds reads it all back, whatever the share. A step down starts from
-//! what the pool holds, not from its share: a share the pool does not
-//! fill gives resident pages nothing; but it goes to no less than half
-//! the share in one look, since a pool still filling holds far less than
-//! it will (`step_down`).
+//! Each kind is weighed by what it costs, all counted in faults: a refault, one
+//! fault from the pool where a resident page cost nothing; a swap refault or a
+//! cold pool load, a fault from the swap file where one from the pool would do,
+//! `swap_fault_extra` pool faults more, as the handlers time the two. The share
+//! moves one step at a time between the configured bounds: up, every
+//! `BALANCE_INTERVAL`, when the swap refaults weigh more than the refaults and
+//! the pool fills its share to within a step or wrote back since the last look
+//! (`fills`); down, at most every `SHRINK_INTERVAL`, when the refaults weigh
+//! more than the swap refaults and cold pool loads together since the last time
+//! it could. Misses from further back count for no side: a walk over several
+//! times what memory holds reads it all back, whatever the share. A step down
+//! starts from what the pool holds, not from its share: a share the pool does
+//! not fill gives resident pages nothing; but it goes to no less than half the
+//! share in one look, since a pool still filling holds far less than it will
+//! (`step_down`).
 //!
 //! zswap has no such knob because cgroup v1 does not charge its pool to
 //! the cgroup; under cgroup v2 with `memory.zswap.max` the pool and the
@@ -102,21 +101,21 @@ pub(super) fn grows(refaults: u64, swap_faults: u64, extra: f64) -> bool {
     swap_faults >= QUIET && extra * swap_faults as f64 > refaults as f64
 }
 
-/// Whether the pool, filling `used` percent of the limit, fills its share
-/// of `percent` to within a step: a step up gives it room only then, or
-/// when it wrote back since the last look (`wrote_back`) (a pool that writes back sits
-/// below its share by what loads took out since: 40% under a 50% share in
-/// the pager's uniform random reads, whose share then never grew). Swap
-/// refaults while it holds less are of pages written back before, when
-/// the share was lower, and a share raised above what the pool holds
-/// takes nothing from resident pages until the pool grows into it, but
+/// Whether the pool, filling `used` percent of the limit, fills its share of
+/// `percent` to within a step, or wrote back since the last look
+/// (`wrote_back`): a step up gives it room only then. A pool that writes back
+/// sits below its share by what loads took out since: 40% under a 50% share in
+/// the pager's uniform random reads, whose share then never grew without the
+/// second clause. Swap refaults while it holds less are of pages written back
+/// before, when the share was lower, and a share raised above what the pool
+/// holds takes nothing from resident pages until the pool grows into it, but
 /// then the rule down must bring it back a step a second. On
-/// `scripts/node-random.js` under 200M the share went from 10% to 65-80%
-/// in the first second (V8's collections read back what the build had
-/// written back), while the pool reached 34%, and came back to the floor
-/// only 5-7 s later, near the run's end; the cut to the pool's level took
-/// the run from 15.2 to 11.4 s on average over six alternated pairs
-/// (docs/benchmarks.md, 2026-12-07).
+/// `scripts/node-random.js` under 200M the share went from 10% to 65-80% in the
+/// first second (V8's collections read back what the build had written back),
+/// while the pool reached 34%, and came back to the floor only 5-7 s later,
+/// near the run's end; the cut to the pool's level took the run from 15.2 to
+/// 11.4 s on average over six alternated pairs (docs/benchmarks.md,
+/// 2026-12-07).
 pub(super) fn fills(percent: u32, used: u32, wrote_back: bool) -> bool {
     wrote_back || used + BALANCE_STEP >= percent
 }
