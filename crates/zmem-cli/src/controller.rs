@@ -13,8 +13,9 @@
 //! The control is Senpai's, made fast enough for programs that run for
 //! seconds ([`Controller::step`]):
 //! - **Probe down** while the stall over the last second is under half the
-//!   target, from the usage (a limit above it reclaims nothing), by up to
-//!   the probe a tick, less as the stall nears half the target. The probe
+//!   target, from the usage (a limit above it reclaims nothing, and one
+//!   further under it than a probe throttles the program), by up to the
+//!   probe a tick, less as the stall nears half the target. The probe
 //!   starts at [`DOWN_STEP`], halves at every failed probe (down to
 //!   [`MIN_PROBE`]) and grows back by a tenth at every step down: where
 //!   the whole working set is hot, a cut of 2.5% is a fault for 2.5% of
@@ -151,7 +152,12 @@ impl Controller {
             self.probe = (self.probe * 1.1).min(DOWN_STEP);
             self.backoff = (self.backoff - 1).max(MIN_BACKOFF);
             self.last_down = self.ticks;
-            self.limit.min(usage) as f64 * (1.0 - down)
+            // From the usage, and never further under it: where reclaim
+            // lags (a loaded machine), cut upon cut took the limit past
+            // the usage by more than the throttle's slack
+            // (`zmem_uffd::tree::CONTROLLED_OVERAGE_DIV`), and the
+            // program waited on every fault.
+            (usage as f64 * (1.0 - down)).min(self.limit as f64)
         } else if !growing {
             // Held: trimmed to the usage and a margin, which evicts nothing.
             (self.limit as f64).min(usage as f64 * (1.0 + HEADROOM))
@@ -378,11 +384,19 @@ mod tests {
         assert_eq!(c.limit, 1024 * M, "it starts at the ceiling");
         // No stall: a step under the usage at once, not under the ceiling.
         assert_eq!(c.step(near(0.0), Some(0.0), 200 * M, 200 * M), (200.0 * M as f64 * (1.0 - DOWN_STEP)) as usize);
-        // Idle counts as no stall; the floor holds.
+        // Idle counts as no stall, and reclaim follows the limit down; the
+        // floor holds.
         for _ in 0..200 {
-            c.step(None, None, 200 * M, 200 * M);
+            c.step(None, None, c.limit, c.limit);
         }
         assert_eq!(c.limit, 16 * M);
+        // Usage that lags a cut (reclaim behind it) holds the limit, which
+        // stays within the throttle's slack of it.
+        c.limit = 100 * M;
+        let cut = (102.0 * M as f64 * (1.0 - DOWN_STEP)) as usize;
+        assert_eq!(c.step(near(0.0), Some(0.0), 102 * M, 102 * M), cut);
+        assert_eq!(c.step(near(0.0), Some(0.0), 103 * M, 103 * M), cut);
+        assert!(1.0 / (1.0 - DOWN_STEP) < 1.0 + 1.0 / zmem_uffd::tree::CONTROLLED_OVERAGE_DIV as f64);
     }
 
     #[test]

@@ -48,6 +48,15 @@ const MAGIC: u64 = 0x7a6d_656d_7472_6565;
 const VERSION: u64 = 4;
 /// Slots in a segment: processes that may hold a share at once.
 pub const SLOTS: usize = 255;
+/// How far over a controlled tree's limit (`zmem run --max-slowdown`) a
+/// process's usage goes before its faults wait for reclaim: a 32nd of the
+/// limit. A controller's probe cuts the limit under the usage to see what
+/// the program misses, and closing that gap is reclaim's work in the
+/// background, as the kernel's `memory.reclaim` does it for Senpai, not a
+/// wait on the program's faults: each such wait was a tick's stall of
+/// 20-40% on a loaded machine, which the controller took for a failed
+/// probe. The probe's cut (2.5% of the usage) stays under it.
+pub const CONTROLLED_OVERAGE_DIV: usize = 32;
 const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
 const SIZE: usize = 64 + SLOT_SIZE * SLOTS;
 

@@ -103,7 +103,9 @@ impl Inner {
 
     /// After a fault: kick reclaim above the high watermark, and above the
     /// limit wait for it a little (direct reclaim, bounded), unless the
-    /// limit is soft.
+    /// limit is soft. Where a controller moves the limit, the wait starts
+    /// a [`CONTROLLED_OVERAGE_DIV`](crate::tree::CONTROLLED_OVERAGE_DIV)th
+    /// over it: its probes are reclaim's to follow, in the background.
     pub(super) fn throttle(&self) {
         if self.fork.frozen.load(Ordering::Acquire) {
             return; // a fork is being prepared: reclaim waits for it
@@ -112,13 +114,21 @@ impl Inner {
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
-        if self.usage() > self.limit() && !self.acct.soft.load(Ordering::Relaxed) {
+        let bound = || {
+            let limit = self.limit();
+            if self.limit_controlled() {
+                limit + limit / crate::tree::CONTROLLED_OVERAGE_DIV
+            } else {
+                limit
+            }
+        };
+        if self.usage() > bound() && !self.acct.soft.load(Ordering::Relaxed) {
             // Direct reclaim, bounded: wait for the reclaimer a little,
             // storing folios of its pass meanwhile (`direct.rs`).
             inc(&self.counters.direct_reclaim_waits);
             let t = Instant::now();
             let deadline = t + self.cfg.direct_reclaim_wait;
-            self.wait_for_reclaim_while(deadline, Duration::from_millis(1), true, || self.usage() > self.limit());
+            self.wait_for_reclaim_while(deadline, Duration::from_millis(1), true, || self.usage() > bound());
             let ns = t.elapsed().as_nanos() as u64;
             self.counters.throttle_ns.fetch_add(ns, Ordering::Relaxed);
             self.stalled(ns);
