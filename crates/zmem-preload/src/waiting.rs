@@ -21,7 +21,8 @@
 //!   before any pager; from then on the process is managed as if it had
 //!   started at load.
 //! - The stats thread looks every 1 to 100 ms ([`tick`]: the room left at
-//!   8 MB/ms). A large mapping is published at once, and one that brings
+//!   8 MB/ms). A large mapping (or a large commit with `mprotect`, which
+//!   is filled as fast) is published at once, and one that brings
 //!   the tree's count to the point is looked at at once ([`saw_mapping`]):
 //!   inline after glibc's malloc returned, or by the stats thread, waited
 //!   for, from `mmap` (which may run under an allocator's lock).
@@ -201,7 +202,8 @@ static LOOKS: AtomicUsize = AtomicUsize::new(0);
 const START_WAIT: Duration = Duration::from_millis(250);
 
 /// The program mapped `len` bytes of private anonymous memory (the shim's
-/// `mmap`, or a chunk glibc's malloc mapped and returned). Where that
+/// `mmap`, or a chunk glibc's malloc mapped and returned), or committed
+/// them (the shim's `mprotect`). Where that
 /// reaches what was left to the start point, the stats thread looks now,
 /// and the mapping thread waits for the look, at most `START_WAIT`:
 /// returns whether the pager runs then, for the caller to adopt the

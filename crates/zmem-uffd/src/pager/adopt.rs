@@ -71,6 +71,19 @@ impl Inner {
         let n = self.threads_started.load(Ordering::Acquire);
         n != 0 && self.running.lock_ok().len() >= n
     }
+
+    /// Waits for [`Inner::threads_running`], `STARTING_WAIT` at most:
+    /// whether they run.
+    fn wait_for_threads(&self) -> bool {
+        let until = std::time::Instant::now() + STARTING_WAIT;
+        while !self.threads_running() {
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        true
+    }
 }
 
 impl Pager {
@@ -91,12 +104,8 @@ impl Pager {
     /// mapping, or another userfaultfd has it), or a pagemap read's;
     /// [`PagerError::Starting`] where the threads are not running yet.
     pub fn adopt(&self, addr: u64, len: usize) -> Result<usize, PagerError> {
-        let until = std::time::Instant::now() + STARTING_WAIT;
-        while !self.inner.threads_running() {
-            if std::time::Instant::now() >= until {
-                return Err(PagerError::Starting);
-            }
-            std::thread::sleep(std::time::Duration::from_micros(100));
+        if !self.inner.wait_for_threads() {
+            return Err(PagerError::Starting);
         }
         self.inner.adopt_range(addr, len)
     }
@@ -112,14 +121,15 @@ impl Pager {
     /// mapping tells: a private anonymous mapping, not a stack, not zmem's,
     /// not one right after a file's mapping (an object's .bss may be there;
     /// the scan reads the object's headers). Everything else, and a range
-    /// a region has part of, is left to the next scan.
+    /// a region has part of, is left to the next scan. A commit made as
+    /// the pager starts waits for its threads, as [`Pager::adopt`] does.
     pub fn adopt_committed(&self, addr: u64, len: usize) {
         let inner = &self.inner;
         let Some(cfg) = inner.cfg.adopt.as_ref() else { return };
         if len < cfg.threshold
             || !inner.adopting.load(Ordering::Relaxed)
             || inner.fork.frozen.load(Ordering::Acquire)
-            || !inner.threads_running()
+            || !inner.wait_for_threads()
         {
             return;
         }
