@@ -109,6 +109,9 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
     // A process that waits to start its pager writes its first file one
     // interval on: most such processes are short, and end before.
     let mut due = Instant::now() + if crate::waiting::is_waiting() { interval } else { Duration::ZERO };
+    // While the process waits, its file is written by a thread of its own
+    // (`None` inside: none could be spawned, and this thread writes).
+    let mut io: Option<Option<Io>> = None;
     loop {
         if STOP.load(Ordering::SeqCst) {
             return;
@@ -126,11 +129,25 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         let last = LAST_WRITE.swap(false, Ordering::SeqCst);
         if writes && (last || Instant::now() >= due) {
             due = Instant::now() + interval;
-            match write_once(named, pid, &mut ready) {
-                Next::Again => {}
-                Next::NoMore => writes = false,
-                Next::Exiting => return,
+            let waiting = look.is_some() && !last;
+            let handed = waiting && io.get_or_insert_with(|| Io::spawn(named, pid)).as_ref().is_some_and(Io::request);
+            if !handed {
+                // The last write, or the first after the start, is this
+                // thread's: the writer's ends first, and no two overlap.
+                if io.as_ref().is_some_and(Option::is_some) {
+                    io = None;
+                }
+                match write_once(named, pid, &mut ready) {
+                    Next::Again => {}
+                    Next::NoMore => writes = false,
+                    Next::Exiting => return,
+                }
             }
+        }
+        match io.as_ref().and_then(Option::as_ref).and_then(Io::ended) {
+            Some(Next::NoMore) => writes = false,
+            Some(Next::Exiting) => return,
+            _ => {}
         }
         if last {
             LAST_WRITTEN.store(true, Ordering::SeqCst);
@@ -140,6 +157,93 @@ pub(crate) fn stats_main(named: Option<&Path>, interval: Duration) {
         let until_due = due.saturating_duration_since(Instant::now());
         let wait = if writes { until_due.min(WATCH) } else { WATCH };
         std::thread::park_timeout(look.map_or(wait, |l| l.min(wait)));
+    }
+}
+
+/// The writer of a waiting process's stats file. A write can wait on the
+/// file system for tens of ms (an ext4 journal busy with another
+/// program's `fsync`: 63 ms beside a `dd conv=fsync` loop), and a waiting
+/// process's looks (`waiting::tick`) are this thread's: SBCL, under 32M,
+/// filled 20 MiB unseen during one such write, and the tree peaked at
+/// 45-81 MiB where it held 33-37 MiB. So while the process waits, the
+/// looks go on, and the file is written beside them; once the pager runs,
+/// nothing is late for a write, and the stats thread writes again (the
+/// writer is dropped first: one writer at a time). Owned by the stats
+/// thread, and joined as it is dropped, so the process is single-threaded
+/// again whenever the stats thread is stopped (`waiting::pause`).
+struct Io {
+    thread: Option<JoinHandle<()>>,
+    shared: std::sync::Arc<IoShared>,
+}
+
+#[derive(Default)]
+struct IoShared {
+    /// A write is due.
+    due: AtomicBool,
+    /// The writer is to end.
+    stop: AtomicBool,
+    /// How the writer ended: 0 it runs, 1 [`Next::NoMore`], 2
+    /// [`Next::Exiting`].
+    ended: std::sync::atomic::AtomicU8,
+}
+
+impl Io {
+    /// The writer, or `None` where no thread could be spawned.
+    fn spawn(named: Option<&Path>, pid: u32) -> Option<Io> {
+        let shared = std::sync::Arc::new(IoShared::default());
+        let (sh, named) = (shared.clone(), named.map(Path::to_path_buf));
+        let builder = std::thread::Builder::new().name("zmem-stats-io".into());
+        let thread = zmem_common::host::thread::spawn(builder, move || {
+            crate::guard::mark_internal_thread();
+            let mut ready = None;
+            while !sh.stop.load(Ordering::SeqCst) && !STOP.load(Ordering::SeqCst) {
+                if sh.due.swap(false, Ordering::SeqCst) {
+                    match write_once(named.as_deref(), pid, &mut ready) {
+                        Next::Again => {}
+                        next => {
+                            sh.ended.store(if matches!(next, Next::NoMore) { 1 } else { 2 }, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+                zmem_common::host::tls::keep_resident();
+                std::thread::park();
+            }
+        })
+        .map_err(|e| log::debug!("no stats writer ({e}): the stats thread writes"))
+        .ok()?;
+        Some(Io { thread: Some(thread), shared })
+    }
+
+    /// Asks for a write: whether the writer runs to make it.
+    fn request(&self) -> bool {
+        if self.shared.ended.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        self.shared.due.store(true, Ordering::SeqCst);
+        self.thread.as_ref().is_some_and(|t| {
+            t.thread().unpark();
+            true
+        })
+    }
+
+    /// How the writer ended, if it did.
+    fn ended(&self) -> Option<Next> {
+        match self.shared.ended.load(Ordering::SeqCst) {
+            1 => Some(Next::NoMore),
+            2 => Some(Next::Exiting),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Io {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }
 
