@@ -147,8 +147,9 @@ pub struct PagerConfig {
     /// UNMAP must never slip through (`move_span`). Zero in real use.
     #[doc(hidden)]
     pub inject_move_delay: Duration,
-    /// Fault injection for tests: adoption sleeps this long right after
-    /// registering a range, before it reads which pages are present.
+    /// Fault injection for tests: adoption sleeps this long after
+    /// registering a range, before it reads which pages are present (a
+    /// scan: after registering all it adopts, before each range's pages).
     #[doc(hidden)]
     pub inject_adopt_delay: Duration,
     /// Fault injection for tests: a load sleeps this long between reading

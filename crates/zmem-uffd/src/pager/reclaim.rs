@@ -29,6 +29,11 @@ const RECOMPRESS_PAGES: usize = 2048;
 /// How often reclaim sweeps the tree for members that are gone.
 const TREE_SWEEP: Duration = Duration::from_secs(1);
 
+/// How long a round waits for a kick; before the first scan for mappings
+/// to adopt, for the handlers to run (`Inner::threads_running`).
+const ROUND_WAIT: Duration = Duration::from_millis(10);
+const FIRST_SCAN_POLL: Duration = Duration::from_millis(1);
+
 /// The reclaim thread's state: what each of its steps last did, for when
 /// it is due again.
 struct Reclaimer {
@@ -70,7 +75,7 @@ impl Inner {
     /// | step | when | what |
     /// |---|---|---|
     /// | `rescans` | a fork's shared folios every `SHARED_RESCAN` (or when asked); unevictable ones every `UNEVICTABLE_RESCAN` | back on the lists to be looked at again |
-    /// | wait | a kick, or 10 ms | |
+    /// | wait | a kick, or 10 ms (1 ms before the first scan) | |
     /// | `timed_chores` | each on its own timer | the tree's sweep, the pool's share, the codec |
     /// | `scan_if_due` | with adoption: its interval, an eighth of it over the high watermark, or 2 ms after RSS grew by a sixteenth of the limit | adopt the mappings the program made itself |
     /// | `reclaim` | over the high watermark, unless backing off | evict to the low watermark, or turn the limit soft |
@@ -111,9 +116,13 @@ impl Inner {
             // Before it waits (`zmem_common::host::tls`).
             zmem_common::host::tls::keep_resident();
             {
+                // Until the first scan, what the program fills in the
+                // mappings it made before the start (a late start's) is
+                // not managed: it waits for the handlers only.
+                let wait = if r.scanned_at.is_none() && self.adopts() { FIRST_SCAN_POLL } else { ROUND_WAIT };
                 let mut k = self.acct.kick.0.lock_ok();
                 if !*k {
-                    k = unpoison(self.acct.kick.1.wait_timeout(k, Duration::from_millis(10))).0;
+                    k = unpoison(self.acct.kick.1.wait_timeout(k, wait)).0;
                 }
                 *k = false;
             }
@@ -173,7 +182,7 @@ impl Inner {
     /// published as mapped before its pager started stops counting in the
     /// tree (`Tree::join`): the pager's own count holds that memory now.
     fn scan_if_due(&self, r: &mut Reclaimer) {
-        let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopting.load(Ordering::Relaxed)) else {
+        let Some(cfg) = self.cfg.adopt.as_ref().filter(|_| self.adopts()) else {
             self.forget_waiting_usage();
             return;
         };
@@ -197,6 +206,11 @@ impl Inner {
             r.scanned_rss = rss.unwrap_or(0);
             self.forget_waiting_usage();
         }
+    }
+
+    /// Whether the reclaim thread scans for mappings to adopt.
+    fn adopts(&self) -> bool {
+        self.cfg.adopt.is_some() && self.adopting.load(Ordering::Relaxed)
     }
 
     /// See [`scan_if_due`](Self::scan_if_due): one store, after each scan.
