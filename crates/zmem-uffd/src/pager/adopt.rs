@@ -68,9 +68,8 @@ const STARTING_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// taken in yet (`Inner::register_adopted`, then `Inner::adopt_registered`).
 struct Registered {
     st: Arc<RegionState>,
+    /// Where it was registered (its length is `st.len`).
     addr: u64,
-    /// Whole folios.
-    len: usize,
     /// The pages before the cut (`Inner::registered_through`).
     upto: usize,
 }
@@ -299,7 +298,7 @@ impl Inner {
         // (8.5-49 ms so; debug build, beside a disk-bound loop).
         let mut adopted = 0;
         for r in registered {
-            let (at, len) = (r.addr, r.len);
+            let (at, len) = (r.addr, r.st.len);
             match self.adopt_registered(r, None) {
                 Ok((st, _)) => adopted += st.len,
                 Err(e) => log::debug!("adopting {at:#x}+{len:#x} failed: {e}"),
@@ -468,7 +467,7 @@ impl Inner {
         self.counters.adopted_bytes.fetch_add(len as u64, Ordering::Relaxed);
         // Pages past a cut are a hole of the region: none is taken.
         let upto = if cut < end { (cut - addr) as usize / PAGE_SIZE } else { len / PAGE_SIZE };
-        Ok(Some(Registered { st, addr, len, upto }))
+        Ok(Some(Registered { st, addr, upto }))
     }
 
     /// The second half of [`adopt_range_with`](Self::adopt_range_with):
@@ -484,7 +483,7 @@ impl Inner {
         if !self.cfg.inject_adopt_delay.is_zero() {
             std::thread::sleep(self.cfg.inject_adopt_delay);
         }
-        let take = self.adopt_pages(&r.st, r.addr, r.len, r.upto, has)?;
+        let take = self.adopt_pages(&r.st, r.addr, r.st.len, r.upto, has)?;
         if self.usage() > self.high() {
             self.kick_reclaim();
         }
